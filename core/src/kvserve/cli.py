@@ -1,0 +1,80 @@
+"""The ``kvserve`` command line (typer)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from kvserve.errors import KvserveError
+
+app = typer.Typer(help="kvserve: a pluggable LLM inference and serving engine.", no_args_is_help=True)
+plugins_app = typer.Typer(help="List installed plugins.", invoke_without_command=True)
+app.add_typer(plugins_app, name="plugins")
+
+
+@app.command()
+def generate(
+    prompts: Annotated[list[str], typer.Argument(help="Prompts; each is sent through the chat template.")],
+    model: Annotated[str | None, typer.Option(help="HF directory or .gguf file (default: embedded SmolLM2)")] = None,
+    max_tokens: Annotated[int, typer.Option(help="Tokens to generate per prompt.")] = 64,
+    temperature: Annotated[float, typer.Option(help="0 for greedy decoding.")] = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    seed: Annotated[int | None, typer.Option(help="Per-request sampling seed.")] = None,
+    raw: Annotated[bool, typer.Option("--raw", help="Send prompts as plain text, without the chat template.")] = False,
+    dtype: str = "auto",
+    max_num_seqs: int = 128,
+    max_model_len: Annotated[int | None, typer.Option()] = None,
+) -> None:
+    """Generate completions offline and print them."""
+    from kvserve.entrypoints.llm import LLM
+    from kvserve.sampling_params import SamplingParams
+
+    llm = LLM(model=model, dtype=dtype, max_num_seqs=max_num_seqs, max_model_len=max_model_len)
+    params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+    if raw:
+        outputs = llm.generate(prompts, params)
+    else:
+        outputs = llm.chat([[{"role": "user", "content": p}] for p in prompts], params)
+    console = Console()
+    for prompt, output in zip(prompts, outputs):
+        completion = output.outputs[0]
+        console.print(f"[bold]>>> {prompt}[/bold]")
+        console.print(completion.text.strip(), markup=False, highlight=False)
+        console.print(f"[dim]({len(completion.token_ids)} tokens, finish_reason={completion.finish_reason})[/dim]\n")
+
+
+@plugins_app.callback()
+def plugins(ctx: typer.Context) -> None:
+    """Show every plugin: name, package, version, kind, API version and status."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from kvserve.plugins import get_plugin_manager
+
+    manager = get_plugin_manager()
+    table = Table(title="kvserve plugins")
+    for column in ("plugin", "package", "version", "kind", "name", "API", "status"):
+        table.add_column(column)
+    listed = set()
+    for registry in manager.registries.values():
+        for reg in registry.entries():
+            listed.add(reg.plugin)
+            table.add_row(
+                reg.plugin, reg.package, reg.version, reg.kind, reg.name, str(reg.api_version), reg.problem or "ok"
+            )
+    for info in manager.plugins.values():
+        if info.name not in listed:
+            table.add_row(info.name, info.package, info.version, "-", "-", "-", info.status)
+    Console().print(table)
+
+
+def main() -> None:
+    try:
+        app()
+    except KvserveError as exc:
+        Console(stderr=True).print(f"[red]error:[/red] {exc}", markup=True, highlight=False)
+        sys.exit(2)

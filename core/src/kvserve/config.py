@@ -1,0 +1,97 @@
+"""One validated configuration for the whole engine; every plugin choice defaults to ``auto``."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ByteSize, ConfigDict, Field, PositiveInt, ValidationError
+
+from kvserve.errors import ConfigError
+
+AUTO = "auto"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
+
+
+class ModelConfig(_Section):
+    model: str | None = Field(None, description="HF directory or .gguf file; None: the embedded SmolLM2")
+    tokenizer: str | None = Field(None, description="Tokenizer directory when it differs from the model's")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = AUTO
+    max_model_len: PositiveInt | None = Field(None, description="None: the model's max_position_embeddings")
+    seed: int = 0
+
+
+class CacheConfig(_Section):
+    block_size: PositiveInt | Literal["auto"] = AUTO
+    num_kv_blocks: PositiveInt | None = Field(None, description="Exact block count; overrides the memory budget")
+    kv_cache_memory: ByteSize | None = Field(None, description="KV cache budget, e.g. '2GiB'; None: platform's")
+    enable_prefix_caching: bool = False
+    kv_cache_manager: str = AUTO
+
+
+class SchedulerConfig(_Section):
+    scheduler: str = AUTO
+    max_num_seqs: PositiveInt = 128
+    max_num_batched_tokens: PositiveInt = 2048
+    enable_chunked_prefill: bool = True
+
+
+class AttentionConfig(_Section):
+    attention_backend: str = AUTO
+
+
+class PlatformConfig(_Section):
+    platform: str = AUTO
+
+
+class QuantizationConfig(_Section):
+    quantization: str = Field(AUTO, description="auto: from the checkpoint's quantization_config")
+
+
+class ParallelConfig(_Section):
+    tensor_parallel_size: Literal[1] = 1
+
+
+class EngineConfig(_Section):
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    cache: CacheConfig = Field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    attention: AttentionConfig = Field(default_factory=AttentionConfig)
+    platform: PlatformConfig = Field(default_factory=PlatformConfig)
+    quantization: QuantizationConfig = Field(default_factory=QuantizationConfig)
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
+
+    @classmethod
+    def from_flat(cls, **fields: Any) -> EngineConfig:
+        """Build from flat field names (``LLM(max_num_seqs=8)``, CLI options, env vars).
+
+        Every field name is unique across sections, so each maps to exactly one section.
+        """
+        sections: dict[str, dict[str, Any]] = {}
+        for name, value in fields.items():
+            section = FLAT_FIELDS.get(name)
+            if section is None:
+                raise ConfigError(f"unknown config field {name!r}; known fields: {', '.join(sorted(FLAT_FIELDS))}")
+            sections.setdefault(section, {})[name] = value
+        try:
+            return cls(**sections)
+        except ValidationError as exc:
+            raise ConfigError(_describe(exc)) from None
+
+
+def _describe(exc: ValidationError) -> str:
+    """``scheduler.max_num_seqs: Input should be greater than 0 (got 0)`` for each problem."""
+    problems = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"] if not str(p).startswith(("function-", "literal[")))
+        problems.append(f"{where}: {err['msg']} (got {err.get('input')!r})")
+    return "invalid engine config: " + "; ".join(problems)
+
+
+FLAT_FIELDS: dict[str, str] = {
+    name: section
+    for section, info in EngineConfig.model_fields.items()
+    for name in info.annotation.model_fields  # type: ignore[union-attr]
+}

@@ -1,0 +1,1 @@
+"""The engine: resolves components, runs the step loop (imports torch)."""

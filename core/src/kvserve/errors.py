@@ -1,0 +1,21 @@
+"""Exceptions that name what went wrong: the config field, the request field, the plugin and package."""
+
+
+class KvserveError(Exception):
+    """Base class of every error kvserve raises on purpose."""
+
+
+class ConfigError(KvserveError, ValueError):
+    """A configuration value is invalid; the message names the field."""
+
+
+class PluginError(KvserveError):
+    """A plugin could not be discovered, loaded or selected; the message names plugin and package."""
+
+
+class UnknownComponentError(PluginError):
+    """No component of that kind and name is registered (or none of that kind at all)."""
+
+
+class CapacityError(KvserveError):
+    """A request can never fit in the engine (prompt longer than max_model_len or the KV cache)."""

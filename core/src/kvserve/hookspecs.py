@@ -1,0 +1,52 @@
+"""Hook specifications of kvserve plugins.
+
+A plugin is a module named by an entry point in the ``kvserve`` group. It implements any
+of the hooks below with ``@kvserve.hookimpl``. Every hook receives a ``register`` callable:
+
+    register(name, "module:Object", api_version=1, **facts)
+
+``name`` is how users select the component (for models: the HF ``architectures`` name),
+``"module:Object"`` is imported only when the component is chosen, ``api_version`` is the
+kvserve plugin API the registration was written for (omitted means 1), and ``facts`` are
+cheap attributes used for selection without importing (``priority`` for platforms,
+attention backends and schedulers: higher wins under ``auto``).
+"""
+
+from collections.abc import Callable
+
+import pluggy
+
+hookspec = pluggy.HookspecMarker("kvserve")
+
+Register = Callable[..., None]
+
+
+@hookspec
+def register_platforms(register: Register) -> None:
+    """Register :class:`kvserve.interfaces.Platform` classes (facts: ``priority``)."""
+
+
+@hookspec
+def register_attention_backends(register: Register) -> None:
+    """Register :class:`kvserve.interfaces.AttentionBackend` classes (facts: ``priority``)."""
+
+
+@hookspec
+def register_models(register: Register) -> None:
+    """Register :class:`kvserve.interfaces.Model` classes under HF ``architectures`` names."""
+
+
+@hookspec
+def register_schedulers(register: Register) -> None:
+    """Register :class:`kvserve.interfaces.Scheduler` classes (facts: ``priority``)."""
+
+
+@hookspec
+def register_kv_cache_managers(register: Register) -> None:
+    """Register :class:`kvserve.interfaces.KVCacheManager` classes (facts: ``priority``)."""
+
+
+@hookspec
+def register_quantization_methods(register: Register) -> None:
+    """Register :class:`kvserve.interfaces.QuantizationMethod` classes under the
+    ``quant_method`` name used in HF ``quantization_config``."""

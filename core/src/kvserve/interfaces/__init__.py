@@ -1,0 +1,22 @@
+"""The interfaces plugins implement. Importing this package does not import torch."""
+
+from kvserve.interfaces.attention import AttentionBackend, AttentionBatch, AttentionSpec
+from kvserve.interfaces.kv_cache import KVCacheManager, KVCacheStats
+from kvserve.interfaces.model import Model
+from kvserve.interfaces.platform import Platform
+from kvserve.interfaces.quantization import QuantizationMethod
+from kvserve.interfaces.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
+
+__all__ = [
+    "AttentionBackend",
+    "AttentionBatch",
+    "AttentionSpec",
+    "KVCacheManager",
+    "KVCacheStats",
+    "Model",
+    "Platform",
+    "QuantizationMethod",
+    "ScheduledRequest",
+    "Scheduler",
+    "SchedulerOutput",
+]

@@ -1,0 +1,43 @@
+"""The Model interface: a torch module built from an HF config that runs on the paged KV cache."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
+
+    from kvserve.forward_context import ForwardContext
+    from kvserve.interfaces.quantization import QuantizationMethod
+
+
+@runtime_checkable
+class Model(Protocol):
+    """A ``torch.nn.Module`` registered under an HF ``architectures`` name.
+
+    Build it with core layers (``kvserve.layers``): ``QuantLinear``, ``RMSNorm``,
+    ``RotaryEmbedding`` and ``PagedAttention``, which calls the engine's attention backend.
+    The engine constructs it on the target device with the default dtype already set.
+    """
+
+    def __init__(self, hf_config: Any, quant_method: QuantizationMethod) -> None:
+        """Create the layers from ``hf_config`` (a ``transformers.PretrainedConfig``).
+
+        ``quant_method`` creates and applies the weights of every linear layer.
+        """
+
+    def attention_shape(self) -> tuple[int, int, int, int]:
+        """``(num_layers, num_heads, num_kv_heads, head_dim)`` of the KV cache this model needs."""
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy HF-named checkpoint tensors into the parameters (fusing shards as needed).
+
+        Raises a KeyError naming any checkpoint tensor with no place in the model.
+        """
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """Hidden states ``[num_tokens, hidden]`` for the flattened tokens of one step."""
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Vocabulary logits ``[n, vocab]`` (float32) for selected hidden rows ``[n, hidden]``."""

@@ -1,0 +1,1 @@
+"""The default paged KV cache manager (registered by core as ``paged``)."""

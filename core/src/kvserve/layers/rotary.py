@@ -1,0 +1,58 @@
+"""Rotary position embedding (neox style, as HF Llama), with HF's rope scaling types."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def rope_parameters(hf_config: Any) -> dict[str, Any]:
+    """The config's rope parameters in transformers' current form (``rope_type``, ``rope_theta``...)."""
+    params = getattr(hf_config, "rope_parameters", None)
+    if params is None:  # transformers < 5 kept them apart
+        params = dict(getattr(hf_config, "rope_scaling", None) or {})
+        params.setdefault("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
+        params.setdefault("rope_type", params.pop("type", "default"))
+    return dict(params)
+
+
+class RotaryEmbedding(torch.nn.Module):
+    """Applies RoPE to query and key given each token's absolute position.
+
+    The inverse frequencies come from transformers' own rope initialisers, so every rope
+    type HF supports for these configs (linear, llama3, yarn, longrope) matches HF exactly.
+    Dynamic NTK scaling depends on the running sequence length and is refused.
+    """
+
+    def __init__(self, hf_config: Any, head_dim: int, max_position: int) -> None:
+        super().__init__()
+        params = rope_parameters(hf_config)
+        rope_type = params.get("rope_type", "default")
+        if rope_type == "dynamic":
+            raise ValueError("rope_scaling type 'dynamic' is not supported (position-dependent frequencies)")
+        if rope_type == "default":
+            theta = params["rope_theta"]
+            inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+            scaling = 1.0
+        else:
+            from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+            inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config, torch.device("cpu"))
+        positions = torch.arange(max_position, dtype=torch.float)
+        freqs = torch.outer(positions, inv_freq.float())
+        self.register_buffer("cos", freqs.cos() * scaling, persistent=False)
+        self.register_buffer("sin", freqs.sin() * scaling, persistent=False)
+
+    def forward(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor):
+        """``query``/``key``: ``[num_tokens, heads, head_dim]``; returns both rotated."""
+        cos = self.cos[positions].unsqueeze(1)
+        sin = self.sin[positions].unsqueeze(1)
+        return _rotate(query, cos, sin), _rotate(key, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half].float(), x[..., half:].float()
+    out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    return out.to(x.dtype)

@@ -1,0 +1,75 @@
+"""A request's state inside the engine."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from kvserve.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED_STOPPED = "finished_stopped"
+    FINISHED_LENGTH = "finished_length"
+    FINISHED_ABORTED = "finished_aborted"
+
+    @property
+    def finished(self) -> bool:
+        return self.name.startswith("FINISHED")
+
+    @property
+    def finish_reason(self) -> str | None:
+        return {"FINISHED_STOPPED": "stop", "FINISHED_LENGTH": "length", "FINISHED_ABORTED": "abort"}.get(self.name)
+
+
+@dataclass(eq=False)
+class Request:
+    """Prompt and generated tokens, how many have KV computed, and the lifecycle status.
+
+    After a recompute preemption ``num_computed_tokens`` drops to 0 and the prompt plus the
+    tokens generated so far are prefilled again, so greedy output is unchanged.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    eos_token_ids: tuple[int, ...] = ()
+    arrival_time: float = field(default_factory=time.monotonic)
+    priority: int = 0
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_preemptions: int = 0
+    status: RequestStatus = RequestStatus.WAITING
+    stop_reason: int | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    def token_ids(self, start: int, end: int) -> list[int]:
+        """Tokens ``start:end`` of prompt + output."""
+        prompt_len = len(self.prompt_token_ids)
+        if end <= prompt_len:
+            return self.prompt_token_ids[start:end]
+        if start >= prompt_len:
+            return self.output_token_ids[start - prompt_len : end - prompt_len]
+        return (self.prompt_token_ids + self.output_token_ids)[start:end]
+
+    def append_token(self, token_id: int, max_model_len: int) -> None:
+        """Add a sampled token and finish the request if a stop condition holds."""
+        self.output_token_ids.append(token_id)
+        params = self.sampling_params
+        if token_id in params.stop_token_ids:
+            self.status, self.stop_reason = RequestStatus.FINISHED_STOPPED, token_id
+        elif token_id in self.eos_token_ids and not params.ignore_eos:
+            self.status = RequestStatus.FINISHED_STOPPED
+        elif len(self.output_token_ids) >= (params.max_tokens or max_model_len) or self.num_tokens >= max_model_len:
+            self.status = RequestStatus.FINISHED_LENGTH

@@ -1,0 +1,5 @@
+"""Continuous-batching machinery shared by scheduler plugins."""
+
+from kvserve.scheduling.batching import BatchingScheduler
+
+__all__ = ["BatchingScheduler"]

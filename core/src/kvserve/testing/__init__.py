@@ -1,0 +1,1 @@
+"""Test kit for plugin authors: references and batch builders (imports torch)."""

@@ -1,0 +1,1 @@
+"""kvserve_platform_cpu kvserve plugin package."""

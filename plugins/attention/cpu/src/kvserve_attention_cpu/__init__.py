@@ -1,0 +1,1 @@
+"""kvserve_attention_cpu kvserve plugin package."""

@@ -1,0 +1,1 @@
+"""kvserve_models_llama kvserve plugin package."""

@@ -1,0 +1,1 @@
+"""kvserve_scheduler_fifo kvserve plugin package."""
