@@ -78,3 +78,7 @@ def main() -> None:
     except KvserveError as exc:
         Console(stderr=True).print(f"[red]error:[/red] {exc}", markup=True, highlight=False)
         sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

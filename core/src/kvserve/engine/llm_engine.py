@@ -49,6 +49,7 @@ class LLMEngine:
         self.platform.seed_everything(config.model.seed)
         source = open_model(config.model.model, config.model.tokenizer)
         self.tokenizer = source.tokenizer
+        self.model_path = source.path
         self.hf_config = source.hf_config
         self.max_model_len = self._max_model_len()
         self.eos_token_ids = self._eos_token_ids(source)
@@ -183,12 +184,12 @@ class LLMEngine:
         if not plan.scheduled:
             return []
         sampled = self.runner.execute(plan)
+        sampling = [item.request for item in plan.scheduled if item.completes_sequence]
         finished = {r.request_id for r in self.scheduler.update(plan, sampled)}
         outputs = []
-        for item in plan.scheduled:
-            request = item.request
-            if not item.completes_sequence and request.request_id not in finished:
-                continue
+        for request in sampling:
+            if request.status.finished and request.request_id not in finished:
+                continue  # aborted while the step ran
             self.detokenizers[request.request_id].add(request.output_token_ids[-1])
             outputs.append(self._output(request))
             if request.request_id in finished:
