@@ -22,7 +22,9 @@ def prompts(tokenizer, count: int) -> list[list[int]]:
     asks = ["Write a short poem about {}.", "Explain {} to a child.", "List three facts about {}.", "Describe {}."]
     texts = [asks[i % len(asks)].format(TOPICS[i % len(TOPICS)]) for i in range(count)]
     return [
-        tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True, return_dict=False)
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
         for t in texts
     ]
 
@@ -66,8 +68,10 @@ def main() -> None:
     hf_time = run_hf(llm.engine.model_path, prompt_ids, args.output_len, tokenizer.pad_token_id or 0)
 
     tokens = args.num_prompts * args.output_len
-    print(f"workload: {args.num_prompts} prompts x {args.output_len} tokens, SmolLM2-135M fp32, "
-          f"{torch.get_num_threads()} threads")
+    print(
+        f"workload: {args.num_prompts} prompts x {args.output_len} tokens, SmolLM2-135M fp32, "
+        f"{torch.get_num_threads()} threads"
+    )
     print(f"{'engine':<24}{'seconds':>10}{'output tok/s':>16}")
     print(f"{'kvserve':<24}{kv_time:>10.2f}{tokens / kv_time:>16.1f}")
     print(f"{'HF transformers':<24}{hf_time:>10.2f}{tokens / hf_time:>16.1f}")

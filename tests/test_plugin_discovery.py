@@ -18,18 +18,20 @@ from kvserve.testing.hf_models import build_tiny_model
 def _write_package(root, name, plugin_body, extra_files=None):
     src = root / name
     (src / name).mkdir(parents=True)
-    (src / "pyproject.toml").write_text(textwrap.dedent(f"""
+    (src / "pyproject.toml").write_text(
+        textwrap.dedent(f"""
         [build-system]
         requires = ["setuptools>=68"]
         build-backend = "setuptools.build_meta"
         [project]
-        name = "{name.replace('_', '-')}"
+        name = "{name.replace("_", "-")}"
         version = "1.2.3"
         [project.entry-points.kvserve]
         {name} = "{name}.plugin"
         [tool.setuptools]
         packages = ["{name}"]
-    """))
+    """)
+    )
     (src / name / "__init__.py").write_text("")
     (src / name / "plugin.py").write_text(textwrap.dedent(plugin_body))
     for filename, body in (extra_files or {}).items():
@@ -41,13 +43,18 @@ def _write_package(root, name, plugin_body, extra_files=None):
 def third_party_site(tmp_path_factory):
     """Installs two throwaway plugin packages into a temp site dir with pip."""
     root = tmp_path_factory.mktemp("pkgs")
-    good = _write_package(root, "acme_models", """
+    good = _write_package(
+        root,
+        "acme_models",
+        """
         from kvserve import hookimpl
 
         @hookimpl
         def register_models(register):
             register("AcmeLlamaForCausalLM", "acme_models.model:AcmeLlama")
-    """, {"model.py": """
+    """,
+        {
+            "model.py": """
         from kvserve_models_llama.model import LlamaForCausalLM
 
         class AcmeLlama(LlamaForCausalLM):
@@ -56,14 +63,31 @@ def third_party_site(tmp_path_factory):
             def __init__(self, *args, **kwargs):
                 super().__init__(*args, **kwargs)
                 AcmeLlama.instances += 1
-    """})
-    broken = _write_package(root, "broken_backend", """
+    """
+        },
+    )
+    broken = _write_package(
+        root,
+        "broken_backend",
+        """
         import this_dependency_does_not_exist  # noqa: F401
-    """)
+    """,
+    )
     site = tmp_path_factory.mktemp("site")
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(site),
-         str(good), str(broken)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(site),
+            str(good),
+            str(broken),
+        ],
         check=True,
     )
     return site
@@ -156,8 +180,10 @@ def test_duplicate_names_name_both_packages_and_version_mismatch_names_the_packa
 
 
 def test_importing_kvserve_and_discovering_plugins_does_not_import_torch():
-    code = "import sys, kvserve; from kvserve.plugins import get_plugin_manager; get_plugin_manager(); " \
-           "print('torch' in sys.modules, 'triton' in sys.modules)"
+    code = (
+        "import sys, kvserve; from kvserve.plugins import get_plugin_manager; get_plugin_manager(); "
+        "print('torch' in sys.modules, 'triton' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
 

@@ -23,7 +23,9 @@ def llm():
 def test_greedy_tokens_match_hf_transformers_loading_the_same_gguf(llm):
     tokenizer = llm.get_tokenizer()
     prompt_ids = [
-        tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True, return_dict=False)
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
         for q in QUESTIONS
     ]
     assert len({len(p) for p in prompt_ids}) == len(prompt_ids), "prompts should differ in length"

@@ -87,9 +87,7 @@ class PluginManager:
         package, version = self._packages[plugin]
 
         def register(name: str, target: str, api_version: int = 1, **facts: Any):
-            self.registries[kind].add(
-                Registration(kind, name, target, plugin, package, version, api_version, facts)
-            )
+            self.registries[kind].add(Registration(kind, name, target, plugin, package, version, api_version, facts))
 
         return register
 

@@ -204,9 +204,7 @@ class LLMEngine:
             finish_reason=request.status.finish_reason,
             stop_reason=request.stop_reason,
         )
-        return RequestOutput(
-            request.request_id, None, request.prompt_token_ids, [completion], request.status.finished
-        )
+        return RequestOutput(request.request_id, None, request.prompt_token_ids, [completion], request.status.finished)
 
     def _forget(self, request_id: str) -> None:
         self.requests.pop(request_id, None)

@@ -99,6 +99,7 @@ def write_past_kv(case: PagedCase, write_slots) -> None:
         if context == 0:
             continue
         table = batch.block_tables[i].tolist()
-        slots = torch.tensor([table[p // batch.block_size] * batch.block_size + p % batch.block_size
-                              for p in range(context)])
+        slots = torch.tensor(
+            [table[p // batch.block_size] * batch.block_size + p % batch.block_size for p in range(context)]
+        )
         write_slots(case.past_keys[i], case.past_values[i], slots)

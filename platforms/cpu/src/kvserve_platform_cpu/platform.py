@@ -6,6 +6,7 @@ import random
 
 import psutil
 import torch
+
 from kvserve.interfaces import Platform
 
 # Without an explicit budget the KV cache takes this share of available memory, capped,

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
 from kvserve.interfaces import AttentionBackend, AttentionBatch
 
 
