@@ -1,19 +1,13 @@
-"""The ``kvserve`` command line (typer)."""
+"""``kvserve generate``: offline generation from the command line."""
 
 from __future__ import annotations
 
-import sys
 from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
-from kvserve.errors import KvserveError
-
-app = typer.Typer(help="kvserve: a pluggable LLM inference and serving engine.", no_args_is_help=True)
-plugins_app = typer.Typer(help="List installed plugins.", invoke_without_command=True)
-app.add_typer(plugins_app, name="plugins")
+from kvserve.cli.app import app
 
 
 @app.command()
@@ -46,39 +40,3 @@ def generate(
         console.print(f"[bold]>>> {prompt}[/bold]")
         console.print(completion.text.strip(), markup=False, highlight=False)
         console.print(f"[dim]({len(completion.token_ids)} tokens, finish_reason={completion.finish_reason})[/dim]\n")
-
-
-@plugins_app.callback()
-def plugins(ctx: typer.Context) -> None:
-    """Show every plugin: name, package, version, kind, API version and status."""
-    if ctx.invoked_subcommand is not None:
-        return
-    from kvserve.plugins import get_plugin_manager
-
-    manager = get_plugin_manager()
-    table = Table(title="kvserve plugins")
-    for column in ("plugin", "package", "version", "kind", "name", "API", "status"):
-        table.add_column(column)
-    listed = set()
-    for registry in manager.registries.values():
-        for reg in registry.entries():
-            listed.add(reg.plugin)
-            table.add_row(
-                reg.plugin, reg.package, reg.version, reg.kind, reg.name, str(reg.api_version), reg.problem or "ok"
-            )
-    for info in manager.plugins.values():
-        if info.name not in listed:
-            table.add_row(info.name, info.package, info.version, "-", "-", "-", info.status)
-    Console().print(table)
-
-
-def main() -> None:
-    try:
-        app()
-    except KvserveError as exc:
-        Console(stderr=True).print(f"[red]error:[/red] {exc}", markup=True, highlight=False)
-        sys.exit(2)
-
-
-if __name__ == "__main__":
-    main()

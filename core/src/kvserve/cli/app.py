@@ -1,0 +1,23 @@
+"""The ``kvserve`` command line (typer)."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from rich.console import Console
+
+from kvserve.errors import KvserveError
+
+app = typer.Typer(help="kvserve: a pluggable LLM inference and serving engine.", no_args_is_help=True)
+
+
+def main() -> None:
+    # Each command group lives in its own module and registers itself on import.
+    from kvserve.cli import generate, plugins  # noqa: F401
+
+    try:
+        app()
+    except KvserveError as exc:
+        Console(stderr=True).print(f"[red]error:[/red] {exc}", markup=True, highlight=False)
+        sys.exit(2)

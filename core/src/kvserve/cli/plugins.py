@@ -1,0 +1,36 @@
+"""``kvserve plugins``: what is installed and whether it works."""
+
+from __future__ import annotations
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from kvserve.cli.app import app
+
+plugins_app = typer.Typer(help="List installed plugins.", invoke_without_command=True)
+app.add_typer(plugins_app, name="plugins")
+
+
+@plugins_app.callback()
+def plugins(ctx: typer.Context) -> None:
+    """Show every plugin: name, package, version, kind, API version and status."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from kvserve.plugins import get_plugin_manager
+
+    manager = get_plugin_manager()
+    table = Table(title="kvserve plugins")
+    for column in ("plugin", "package", "version", "kind", "name", "API", "status"):
+        table.add_column(column)
+    listed = set()
+    for registry in manager.registries.values():
+        for reg in registry.entries():
+            listed.add(reg.plugin)
+            table.add_row(
+                reg.plugin, reg.package, reg.version, reg.kind, reg.name, str(reg.api_version), reg.problem or "ok"
+            )
+    for info in manager.plugins.values():
+        if info.name not in listed:
+            table.add_row(info.name, info.package, info.version, "-", "-", "-", info.status)
+    Console().print(table)

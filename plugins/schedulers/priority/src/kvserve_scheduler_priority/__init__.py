@@ -1,0 +1,1 @@
+"""kvserve_scheduler_priority kvserve plugin package."""
