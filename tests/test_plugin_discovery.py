@@ -138,7 +138,7 @@ def test_cli_lists_plugins_with_package_and_status(third_party_site):
 
 
 def test_disabled_kind_says_what_to_install(fresh_plugins, tmp_path):
-    fresh_plugins.setenv("KVSERVE_DISABLE_PLUGINS", "kvserve-scheduler-fifo")
+    fresh_plugins.setenv("KVSERVE_DISABLE_PLUGINS", "kvserve-scheduler-fifo,kvserve-scheduler-priority")
     path = build_tiny_model("llama", tmp_path / "m")
     with pytest.raises(PluginError, match="no scheduler plugin installed: pip install kvserve-scheduler-fifo"):
         LLM(str(path), max_model_len=64, num_kv_blocks=16)

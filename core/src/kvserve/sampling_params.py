@@ -2,32 +2,93 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from collections.abc import Callable
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+LogitsProcessor = Callable[..., Any]
+"""``fn(output_token_ids, logits) -> logits`` or ``fn(prompt_token_ids, output_token_ids, logits) -> logits``,
+applied to one request's float32 logits row before penalties and temperature."""
 
 
 class SamplingParams(BaseModel):
-    """How to pick each next token and when to stop.
+    """How to pick each next token, when to stop, and what to report.
 
-    ``temperature=0`` is greedy decoding. Invalid values raise a ``ValueError`` naming the field.
+    ``temperature=0`` is greedy decoding. Invalid values or combinations raise a
+    ``ValueError`` naming the field.
     """
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, arbitrary_types_allowed=True)
 
+    n: int = Field(1, ge=1, description="Completions per prompt; the prompt's KV blocks are shared")
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=-1, description="0 or -1: no top-k filtering")
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(1.0, gt=0.0)
     seed: int | None = Field(None, description="Per-request seed: the same output whatever the batch")
     max_tokens: int | None = Field(16, ge=1, description="None: until EOS or max_model_len")
+    min_tokens: int = Field(0, ge=0, description="EOS, stop tokens and stop strings are ignored before this")
+    stop: list[str] = Field(default_factory=list)
     stop_token_ids: list[int] = Field(default_factory=list)
+    include_stop_str_in_output: bool = False
     ignore_eos: bool = False
+    logprobs: int | None = Field(None, ge=0, le=20, description="Top-N logprobs per generated token")
+    prompt_logprobs: int | None = Field(None, ge=0, le=20, description="Top-N logprobs per prompt token")
+    logit_bias: dict[int, float] = Field(default_factory=dict)
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] = Field(default_factory=list)
+    logits_processors: list[LogitsProcessor] = Field(default_factory=list)
     skip_special_tokens: bool = True
+    detokenize: bool = True
+    output_kind: Literal["cumulative", "delta", "final_only"] = Field(
+        "cumulative", description="Streamed outputs carry all text so far, only the new text, or nothing until done"
+    )
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_list(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else ([] if value is None else value)
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_not_empty(cls, value: list[str]) -> list[str]:
+        if any(s == "" for s in value):
+            raise ValueError("stop strings must not be empty")
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_range(cls, value: dict[int, float]) -> dict[int, float]:
+        bad = {t: b for t, b in value.items() if not -100.0 <= b <= 100.0}
+        if bad:
+            raise ValueError(f"biases must lie in [-100, 100], got {bad}")
+        return value
+
+    @field_validator("allowed_token_ids")
+    @classmethod
+    def _allowed_not_empty(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None and not value:
+            raise ValueError("allowed_token_ids must not be empty (omit it to allow every token)")
+        return value
 
     @model_validator(mode="after")
-    def _normalise(self) -> SamplingParams:
+    def _check_combinations(self) -> SamplingParams:
         if self.top_k == -1:
             object.__setattr__(self, "top_k", 0)
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
+        if self.detokenize is False and self.stop:
+            raise ValueError("stop strings need detokenize=True")
         return self
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def uses_penalties(self) -> bool:
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0

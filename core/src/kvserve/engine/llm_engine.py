@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -13,16 +14,17 @@ from transformers import GenerationConfig
 
 from kvserve.config import AUTO, EngineConfig
 from kvserve.engine import components
-from kvserve.engine.detokenizer import IncrementalDetokenizer
 from kvserve.engine.model_runner import ModelRunner
-from kvserve.engine.sampler import Sampler
+from kvserve.engine.output_processor import RequestState, SequenceState
+from kvserve.engine.sampler import Sampler, top_logprobs
+from kvserve.engine.stats import EngineStats, StatLogger
 from kvserve.errors import CapacityError, ConfigError
 from kvserve.interfaces import QuantizationMethod
 from kvserve.layers import QuantLinear, UnquantizedLinearMethod
 from kvserve.logging_setup import configure_logging
-from kvserve.outputs import CompletionOutput, RequestOutput
+from kvserve.outputs import RequestOutput
 from kvserve.plugins import load_component
-from kvserve.request import Request
+from kvserve.request import Request, RequestStatus
 from kvserve.sampling_params import SamplingParams
 
 logger = logging.getLogger("kvserve")
@@ -65,10 +67,12 @@ class LLMEngine:
         self.kv_cache_manager = manager_cls(num_blocks, spec.block_size, config.cache.enable_prefix_caching)
         self.scheduler = scheduler_cls(config.scheduler, self.kv_cache_manager, self.max_model_len)
         self.sampler = Sampler(config.model.seed)
-        self.runner = ModelRunner(self.model, backend_cls(spec), kv_caches, self.kv_cache_manager, self.sampler, device)
-        self.requests: dict[str, Request] = {}
-        self.detokenizers: dict[str, IncrementalDetokenizer] = {}
-        self.num_preemptions = 0
+        self.runner = ModelRunner(self.model, backend_cls(spec), kv_caches, self.kv_cache_manager, device)
+        self.states: dict[str, RequestState] = {}
+        """User requests by id."""
+        self.sequences: dict[str, tuple[RequestState, SequenceState]] = {}
+        """Scheduler-level requests (one per completion) by id."""
+        self.stat_logger = StatLogger()
         logger.info(
             "kvserve engine: model=%s platform=%s dtype=%s attention_backend=%s scheduler=%s "
             "kv_cache_manager=%s block_size=%d num_kv_blocks=%d (%d tokens) max_model_len=%d",
@@ -149,64 +153,178 @@ class LLMEngine:
 
     # -- requests -------------------------------------------------------------------------
     def add_request(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, priority: int = 0
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        priority: int = 0,
+        prompt: str | None = None,
     ) -> None:
         """Queue a request; raises (naming the field) if it can never run, leaving the engine untouched."""
-        if request_id in self.requests:
+        if request_id in self.states:
             raise ValueError(f"request_id: {request_id!r} is already in use")
+        self.validate_prompt(prompt_token_ids, params)
+        # n > 1: the leader prefills the prompt; followers join when it is done (see _fork_followers).
+        sequences = [
+            Request(
+                request_id if i == 0 else f"{request_id}#{i}",
+                list(prompt_token_ids),
+                params if params.n == 1 else _follower_params(params, i),
+                self.eos_token_ids,
+                priority=priority,
+            )
+            for i in range(params.n)
+        ]
+        state = RequestState(request_id, prompt, sequences, self.tokenizer, params)
+        self.states[request_id] = state
+        for seq in state.sequences:
+            self.sequences[seq.request.request_id] = (state, seq)
+        self.scheduler.add_request(sequences[0])
+
+    def validate_prompt(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Raise a ValueError naming the field if this prompt can never be served."""
         if not prompt_token_ids:
             raise ValueError("prompt: empty prompt")
         vocab = self.hf_config.vocab_size
         bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
         if bad:
             raise ValueError(f"prompt_token_ids: {bad[:5]} outside the vocabulary [0, {vocab})")
-        if len(prompt_token_ids) >= self.max_model_len:
+        for field, ids in (("allowed_token_ids", params.allowed_token_ids or []), ("logit_bias", params.logit_bias)):
+            bad = [t for t in ids if not 0 <= t < vocab]
+            if bad:
+                raise ValueError(f"{field}: token ids {bad[:5]} outside the vocabulary [0, {vocab})")
+        needed = len(prompt_token_ids) + (params.max_tokens or 1)
+        if len(prompt_token_ids) >= self.max_model_len or needed > self.max_model_len and params.max_tokens:
             raise CapacityError(
-                f"prompt: {len(prompt_token_ids)} tokens leave no room to generate within max_model_len="
-                f"{self.max_model_len}"
+                f"max_tokens: prompt ({len(prompt_token_ids)} tokens) + max_tokens ({params.max_tokens}) "
+                f"exceeds max_model_len={self.max_model_len}"
             )
-        request = Request(request_id, list(prompt_token_ids), params, self.eos_token_ids, priority=priority)
-        self.requests[request_id] = request
-        self.detokenizers[request_id] = IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens)
-        self.scheduler.add_request(request)
 
     def abort_request(self, request_id: str) -> None:
-        if self.scheduler.abort_request(request_id) is not None:
-            self._forget(request_id)
+        """Stop a request now and free all its KV blocks (unknown ids are ignored)."""
+        state = self.states.pop(request_id, None)
+        if state is None:
+            return
+        for seq in state.sequences:
+            self.scheduler.abort_request(seq.request.request_id)
+            self._release(seq.request)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return bool(self.states)
 
     def step(self) -> list[RequestOutput]:
-        """Run one batched step; outputs of the requests that gained a token (or finished)."""
+        """Run one batched step; outputs of the requests that changed, per their ``output_kind``."""
         plan = self.scheduler.schedule()
-        self.num_preemptions += len(plan.preempted)
+        now = time.monotonic()
         if not plan.scheduled:
+            self.stat_logger.record_step(0, 0, len(plan.preempted))
             return []
-        sampled = self.runner.execute(plan)
-        sampling = [item.request for item in plan.scheduled if item.completes_sequence]
-        finished = {r.request_id for r in self.scheduler.update(plan, sampled)}
+        for item in plan.scheduled:
+            state, _ = self.sequences[item.request.request_id]
+            if state.metrics.first_scheduled_time is None:
+                state.metrics.first_scheduled_time = now
+        step = self.runner.execute(plan)
+        self._record_prompt_logprobs(plan, step)
+
+        completing = [plan.scheduled[i].request for i in step.completing]
+        rows, owners = list(range(len(completing))), list(completing)
+        for row, request in enumerate(completing):
+            for follower in self._followers_ready(request):
+                rows.append(row)
+                owners.append(follower)
+        sampled = self.sampler(step.logits[rows], owners, self.tokenizer)
+        tokens = dict(zip([id(r) for r in owners], sampled.tokens))
+        logprobs = dict(zip([id(r) for r in owners], sampled.logprobs or [None] * len(owners)))
+
+        # Followers fork before the update, which could free a leader that finishes right away.
+        for follower in owners[len(completing) :]:
+            self._fork(follower, tokens[id(follower)])
+        self.scheduler.update(plan, [tokens.get(id(item.request), -1) for item in plan.scheduled])
+
+        changed: dict[str, RequestState] = {}
+        for request in owners:
+            state, seq = self.sequences[request.request_id]
+            if state.metrics.first_token_time is None:
+                state.metrics.first_token_time = time.monotonic()
+            stop = seq.add_token(request.output_token_ids[-1], logprobs[id(request)])
+            if stop is not None and not request.status.finished:
+                self.scheduler.abort_request(request.request_id)
+                request.status = RequestStatus.FINISHED_STOPPED
+                seq.finish("stop", stop)
+            elif request.status.finished:
+                seq.finish(request.status.finish_reason, request.stop_reason)
+            if seq.finish_reason is not None:
+                self._release(request)
+            changed[state.request_id] = state
+
+        prompt_tokens = sum(i.num_tokens for i in plan.scheduled if i.start < i.request.num_prompt_tokens)
+        self.stat_logger.record_step(prompt_tokens, len(owners), len(plan.preempted))
+        self.stat_logger.maybe_log(self.stats())
         outputs = []
-        for request in sampling:
-            if request.status.finished and request.request_id not in finished:
-                continue  # aborted while the step ran
-            self.detokenizers[request.request_id].add(request.output_token_ids[-1])
-            outputs.append(self._output(request))
-            if request.request_id in finished:
-                self._forget(request.request_id)
+        for state in changed.values():
+            output = state.output()
+            if output is not None:
+                outputs.append(output)
+            if state.finished:
+                self.states.pop(state.request_id, None)
         return outputs
 
-    def _output(self, request: Request) -> RequestOutput:
-        completion = CompletionOutput(
-            index=0,
-            text=self.detokenizers[request.request_id].text,
-            token_ids=list(request.output_token_ids),
-            finish_reason=request.status.finish_reason,
-            stop_reason=request.stop_reason,
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            num_running=self.scheduler.num_running(),
+            num_waiting=self.scheduler.num_waiting(),
+            kv_cache=self.kv_cache_manager.stats(),
+            prompt_tokens_total=self.stat_logger.prompt_tokens_total,
+            generation_tokens_total=self.stat_logger.generation_tokens_total,
+            preemptions_total=self.stat_logger.preemptions_total,
         )
-        return RequestOutput(request.request_id, None, request.prompt_token_ids, [completion], request.status.finished)
 
-    def _forget(self, request_id: str) -> None:
-        self.requests.pop(request_id, None)
-        self.detokenizers.pop(request_id, None)
-        self.sampler.forget(request_id)
+    @property
+    def num_preemptions(self) -> int:
+        return self.stat_logger.preemptions_total
+
+    # -- n > 1 ----------------------------------------------------------------------------
+    def _followers_ready(self, leader: Request) -> list[Request]:
+        """Followers of ``leader`` whose first token is sampled now: the leader just finished its prompt."""
+        state, seq = self.sequences[leader.request_id]
+        if seq.index != 0 or leader.output_token_ids or len(state.sequences) == 1:
+            return []
+        return [s.request for s in state.sequences[1:] if s.request.status is RequestStatus.WAITING]
+
+    def _fork(self, follower: Request, token: int) -> None:
+        """Start ``follower`` on the leader's prompt KV: full blocks shared, the partial one copied."""
+        state, _ = self.sequences[follower.request_id]
+        leader = state.sequences[0].request
+        follower.num_computed_tokens = leader.num_prompt_tokens
+        pairs = self.kv_cache_manager.fork(leader, follower)
+        if pairs is None:  # no block for the copy: prefill on its own later (prefix caching shares the rest)
+            follower.num_computed_tokens = 0
+            self.scheduler.add_request(follower)
+            return
+        self.runner.copy_blocks(pairs)
+        follower.append_token(token, self.max_model_len)
+        if follower.status.finished:
+            self.kv_cache_manager.free(follower)
+        else:
+            self.scheduler.add_running(follower)
+
+    # -- bookkeeping ----------------------------------------------------------------------
+    def _record_prompt_logprobs(self, plan, step) -> None:
+        for index, logits in step.prompt_logits.items():
+            item = plan.scheduled[index]
+            state, _ = self.sequences[item.request.request_id]
+            targets = torch.tensor(item.request.prompt_token_ids[item.start + 1 : item.start + 1 + len(logits)])
+            top_n = [state.params.prompt_logprobs] * len(logits)
+            state.prompt_logprobs.extend(top_logprobs(logits.log_softmax(dim=-1), targets, top_n))
+
+    def _release(self, request: Request) -> None:
+        self.sequences.pop(request.request_id, None)
+        self.sampler.forget(request.request_id)
+
+
+def _follower_params(params: SamplingParams, index: int) -> SamplingParams:
+    """Sequence ``index`` of an ``n > 1`` request: its own seed (seed + index), as in vLLM."""
+    update: dict[str, Any] = {"n": 1}
+    if params.seed is not None:
+        update["seed"] = params.seed + index
+    return params.model_copy(update=update)

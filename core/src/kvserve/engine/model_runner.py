@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
-from kvserve.engine.sampler import Sampler
 from kvserve.forward_context import ForwardContext
 from kvserve.interfaces import AttentionBackend, AttentionBatch, KVCacheManager, SchedulerOutput
+
+
+@dataclass
+class StepLogits:
+    """What one forward produced for the engine to sample from."""
+
+    completing: list[int]
+    """Indices into ``plan.scheduled`` whose chunk reaches the end of the sequence."""
+    logits: torch.Tensor
+    """float32 ``[len(completing), vocab]``: next-token logits of those requests."""
+    prompt_logits: dict[int, torch.Tensor]
+    """Index into ``plan.scheduled`` -> logits of the chunk's positions that predict prompt tokens
+    (only for requests asking for ``prompt_logprobs``)."""
 
 
 class ModelRunner:
@@ -17,14 +31,12 @@ class ModelRunner:
         backend: AttentionBackend,
         kv_caches: list[torch.Tensor],
         kv_cache_manager: KVCacheManager,
-        sampler: Sampler,
         device: torch.device,
     ) -> None:
         self.model = model
         self.backend = backend
         self.kv_caches = kv_caches
         self.kv_cache_manager = kv_cache_manager
-        self.sampler = sampler
         self.device = device
         self.block_size = backend.spec.block_size
 
@@ -65,21 +77,35 @@ class ModelRunner:
         return to_device(token_ids, torch.long), to_device(np.concatenate(positions), torch.long), batch
 
     @torch.inference_mode()
-    def execute(self, plan: SchedulerOutput) -> list[int]:
-        """One forward over every scheduled token; a sampled token per scheduled request
-        (-1 for a prefill chunk that does not reach the end of its sequence)."""
+    def execute(self, plan: SchedulerOutput) -> StepLogits:
+        """One forward over every scheduled token; logits where the plan needs them."""
         input_ids, positions, batch = self.prepare(plan)
         ctx = ForwardContext(self.backend, batch, self.backend.build_metadata(batch), self.kv_caches)
         hidden = self.model(input_ids, positions, ctx)
-        # Only chunks that reach the end of their sequence sample; a partial prefill must not
+        starts = batch.query_start_loc_host
+        # Only chunks that reach the end of their sequence sample: a partial prefill must not
         # consume a seeded request's random numbers.
-        rows = [i for i, item in enumerate(plan.scheduled) if item.completes_sequence]
-        sampled = [-1] * len(plan.scheduled)
-        if rows:
-            last_tokens = torch.as_tensor([batch.query_start_loc_host[i + 1] - 1 for i in rows], device=self.device)
-            logits = self.model.compute_logits(hidden[last_tokens]).float()
-            requests = [plan.scheduled[i].request for i in rows]
-            tokens = self.sampler(logits, [r.request_id for r in requests], [r.sampling_params for r in requests])
-            for i, token in zip(rows, tokens):
-                sampled[i] = token
-        return sampled
+        completing = [i for i, item in enumerate(plan.scheduled) if item.completes_sequence]
+        last_tokens = torch.as_tensor([starts[i + 1] - 1 for i in completing], device=self.device)
+        logits = self.model.compute_logits(hidden[last_tokens]).float()
+        prompt_logits = {}
+        for i, item in enumerate(plan.scheduled):
+            request = item.request
+            if request.sampling_params.prompt_logprobs is None:
+                continue
+            # Rows predicting prompt tokens start+1 .. end of prompt, within this chunk.
+            stop = min(item.start + item.num_tokens, request.num_prompt_tokens - 1)
+            if stop > item.start:
+                rows = hidden[starts[i] : starts[i] + stop - item.start]
+                prompt_logits[i] = self.model.compute_logits(rows).float()
+        return StepLogits(completing, logits, prompt_logits)
+
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy whole KV blocks ``src -> dst`` in every layer (copy-on-write of a shared block)."""
+        if not pairs:
+            return
+        src = torch.tensor([p[0] for p in pairs], device=self.device)
+        dst = torch.tensor([p[1] for p in pairs], device=self.device)
+        dim = self.backend.kv_cache_block_dim
+        for cache in self.kv_caches:
+            cache.index_copy_(dim, dst, cache.index_select(dim, src))

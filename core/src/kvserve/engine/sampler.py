@@ -1,60 +1,176 @@
-"""Batched sampling: one pass over the batch's logits for greedy, temperature, top-k and top-p."""
+"""Batched sampling: one pass over the batch's logits for every SamplingParams feature.
+
+Per-request Python runs only for features that are per-request by nature (logits
+processors, bad-word prefixes); everything else is tensor ops over the whole batch.
+"""
 
 from __future__ import annotations
 
+import inspect
+from dataclasses import dataclass
+
 import torch
 
-from kvserve.sampling_params import SamplingParams
+from kvserve.outputs import Logprob, TokenLogprobs
+from kvserve.request import Request
+
+
+@dataclass
+class SamplerOutput:
+    tokens: list[int]
+    logprobs: list[TokenLogprobs] | None
+    """Per row, when any row asked for logprobs: its top-N plus the chosen token."""
 
 
 class Sampler:
-    """Picks one token per row. Per-request seeds use a generator owned by that request, so a
-    seeded request samples the same tokens whatever else is in the batch."""
+    """Picks one token per row. A seeded request draws from its own generator, so it samples
+    the same tokens whatever else is in the batch."""
 
     def __init__(self, seed: int) -> None:
         self.generator = torch.Generator().manual_seed(seed)
         self.request_generators: dict[str, torch.Generator] = {}
+        self._bad_word_ids: dict[str, list[list[int]]] = {}
 
     def forget(self, request_id: str) -> None:
         self.request_generators.pop(request_id, None)
+        self._bad_word_ids.pop(request_id, None)
 
-    def __call__(self, logits: torch.Tensor, request_ids: list[str], params: list[SamplingParams]) -> list[int]:
-        """``logits``: float32 ``[batch, vocab]`` → one token id per row."""
-        greedy = torch.tensor([p.greedy for p in params])
+    def __call__(self, logits: torch.Tensor, requests: list[Request], tokenizer=None) -> SamplerOutput:
+        """``logits``: float32 ``[rows, vocab]``, row ``i`` belonging to ``requests[i]``."""
+        raw_logprobs = None
+        if any(r.sampling_params.logprobs is not None for r in requests):
+            raw_logprobs = logits.log_softmax(dim=-1)  # reported logprobs are the model's, before processing
+        logits = self._process(logits.clone(), requests, tokenizer)
+        params = [r.sampling_params for r in requests]
         tokens = logits.argmax(dim=-1)
+        greedy = torch.tensor([p.greedy for p in params])
         if not greedy.all():
-            random_rows = (~greedy).nonzero().squeeze(1)
-            sub = [params[i] for i in random_rows.tolist()]
-            probs = self._filtered_probs(logits[random_rows], sub)
-            noise = self._exponential_noise(probs, [request_ids[i] for i in random_rows.tolist()], sub)
-            tokens[random_rows] = (probs / noise).argmax(dim=-1)  # exponential race == multinomial draw
-        return tokens.tolist()
+            rows = (~greedy).nonzero().squeeze(1)
+            probs = self._filtered_probs(logits[rows], [params[i] for i in rows.tolist()])
+            noise = self._exponential_noise(probs, [requests[i] for i in rows.tolist()])
+            tokens[rows] = (probs / noise).argmax(dim=-1)  # exponential race == a multinomial draw
+        token_list = tokens.tolist()
+        logprobs = None
+        if raw_logprobs is not None:
+            logprobs = top_logprobs(raw_logprobs, tokens, [r.sampling_params.logprobs or 0 for r in requests])
+        return SamplerOutput(token_list, logprobs)
+
+    def _process(self, logits: torch.Tensor, requests: list[Request], tokenizer) -> torch.Tensor:
+        """Logits processors, bans, biases and penalties, in vLLM's order, before temperature."""
+        for row, request in enumerate(requests):
+            params = request.sampling_params
+            for processor in params.logits_processors:
+                logits[row] = _call_processor(processor, request, logits[row])
+            if params.allowed_token_ids is not None:
+                allowed = torch.full_like(logits[row], float("-inf"))
+                allowed[params.allowed_token_ids] = 0.0
+                logits[row] += allowed
+            banned = self._banned_tokens(request, tokenizer)
+            if banned:
+                logits[row, banned] = float("-inf")
+            if params.logit_bias:
+                ids = torch.tensor(list(params.logit_bias), dtype=torch.long)
+                logits[row, ids] += torch.tensor(list(params.logit_bias.values()), dtype=logits.dtype)
+        if any(r.sampling_params.uses_penalties for r in requests):
+            logits = _apply_penalties(logits, requests)
+        return logits
+
+    def _banned_tokens(self, request: Request, tokenizer) -> list[int]:
+        """EOS/stop tokens before ``min_tokens``, and the token completing any bad word."""
+        params = request.sampling_params
+        banned: list[int] = []
+        if len(request.output_token_ids) < params.min_tokens:
+            banned += params.stop_token_ids + ([] if params.ignore_eos else list(request.eos_token_ids))
+        if params.bad_words and tokenizer is not None:
+            words = self._bad_word_ids.get(request.request_id)
+            if words is None:
+                words = self._bad_word_ids[request.request_id] = _bad_word_token_ids(params.bad_words, tokenizer)
+            output = request.output_token_ids
+            for word in words:
+                prefix = word[:-1]
+                if not prefix or output[len(output) - len(prefix) :] == prefix:
+                    banned.append(word[-1])
+        return banned
 
     @staticmethod
-    def _filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    def _filtered_probs(logits: torch.Tensor, params: list) -> torch.Tensor:
         temperature = torch.tensor([p.temperature for p in params], dtype=logits.dtype).unsqueeze(1)
         logits = logits / temperature
-        top_k = torch.tensor([p.top_k or logits.shape[1] for p in params]).clamp(max=logits.shape[1])
+        vocab = logits.shape[1]
+        top_k = torch.tensor([p.top_k or vocab for p in params]).clamp(max=vocab)
         top_p = torch.tensor([p.top_p for p in params], dtype=logits.dtype)
-        if (top_k < logits.shape[1]).any() or (top_p < 1).any():
+        if (top_k < vocab).any() or (top_p < 1).any():
             sorted_logits, order = logits.sort(dim=-1, descending=True)
-            ranks = torch.arange(logits.shape[1]).unsqueeze(0)
-            drop = ranks >= top_k.unsqueeze(1)
+            drop = torch.arange(vocab).unsqueeze(0) >= top_k.unsqueeze(1)
             sorted_probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
             # keep the smallest prefix whose mass reaches top_p (the top token is always kept)
-            mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-            drop |= mass_before >= top_p.unsqueeze(1)
+            drop |= (sorted_probs.cumsum(dim=-1) - sorted_probs) >= top_p.unsqueeze(1)
             logits = logits.scatter(1, order, sorted_logits.masked_fill(drop, float("-inf")))
-        return logits.softmax(dim=-1)
+        probs = logits.softmax(dim=-1)
+        min_p = torch.tensor([p.min_p for p in params], dtype=logits.dtype).unsqueeze(1)
+        if (min_p > 0).any():
+            probs = probs.masked_fill(probs < min_p * probs.max(dim=-1, keepdim=True).values, 0.0)
+        return probs
 
-    def _exponential_noise(
-        self, probs: torch.Tensor, request_ids: list[str], params: list[SamplingParams]
-    ) -> torch.Tensor:
+    def _exponential_noise(self, probs: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         noise = torch.empty_like(probs).exponential_(generator=self.generator)
-        for row, (request_id, p) in enumerate(zip(request_ids, params)):
-            if p.seed is not None:
-                gen = self.request_generators.get(request_id)
+        for row, request in enumerate(requests):
+            seed = request.sampling_params.seed
+            if seed is not None:
+                gen = self.request_generators.get(request.request_id)
                 if gen is None:
-                    gen = self.request_generators[request_id] = torch.Generator().manual_seed(p.seed)
+                    gen = self.request_generators[request.request_id] = torch.Generator().manual_seed(seed)
                 noise[row].exponential_(generator=gen)
         return noise
+
+
+def top_logprobs(logprobs: torch.Tensor, targets: torch.Tensor, top_ns: list[int]) -> list[TokenLogprobs]:
+    """Per row of ``logprobs`` (log-softmaxed): ``targets[row]``'s logprob and rank plus the top ``top_ns[row]``."""
+    chosen = logprobs.gather(1, targets.unsqueeze(1)).squeeze(1)
+    ranks = (logprobs > chosen.unsqueeze(1)).sum(dim=-1) + 1
+    widest = max(top_ns, default=0)
+    top_values, top_ids = logprobs.topk(widest, dim=-1) if widest else (None, None)
+    result = []
+    for row, top_n in enumerate(top_ns):
+        entry = {int(targets[row]): Logprob(float(chosen[row]), int(ranks[row]))}
+        for rank in range(top_n):
+            entry.setdefault(int(top_ids[row, rank]), Logprob(float(top_values[row, rank]), rank + 1))
+        result.append(entry)
+    return result
+
+
+def _call_processor(processor, request: Request, row: torch.Tensor) -> torch.Tensor:
+    if len(inspect.signature(processor).parameters) == 3:
+        return processor(request.prompt_token_ids, list(request.output_token_ids), row)
+    return processor(list(request.output_token_ids), row)
+
+
+def _apply_penalties(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+    """Repetition penalty over prompt + output (HF semantics); presence/frequency over output (OpenAI)."""
+    rows, vocab = logits.shape
+    output_counts = torch.zeros(rows, vocab)
+    seen = torch.zeros(rows, vocab, dtype=torch.bool)
+    for row, request in enumerate(requests):
+        if request.sampling_params.uses_penalties:
+            output = torch.tensor(request.output_token_ids, dtype=torch.long)
+            output_counts[row].index_add_(0, output, torch.ones(len(output)))
+            seen[row, torch.tensor(request.prompt_token_ids, dtype=torch.long)] = True
+    seen |= output_counts > 0
+    params = [r.sampling_params for r in requests]
+    repetition = torch.tensor([p.repetition_penalty for p in params]).unsqueeze(1)
+    penalised = torch.where(logits > 0, logits / repetition, logits * repetition)
+    logits = torch.where(seen, penalised, logits)
+    frequency = torch.tensor([p.frequency_penalty for p in params]).unsqueeze(1)
+    presence = torch.tensor([p.presence_penalty for p in params]).unsqueeze(1)
+    return logits - frequency * output_counts - presence * (output_counts > 0).float()
+
+
+def _bad_word_token_ids(words: list[str], tokenizer) -> list[list[int]]:
+    """Each bad word as tokens, alone and after a space (as it appears mid-sentence)."""
+    sequences = []
+    for word in words:
+        for variant in (word, " " + word.lstrip()):
+            ids = tokenizer.encode(variant, add_special_tokens=False)
+            if ids and ids not in sequences:
+                sequences.append(ids)
+    return sequences

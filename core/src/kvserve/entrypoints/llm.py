@@ -55,13 +55,15 @@ class LLM:
 
         ids = [f"offline-{next(self._ids)}" for _ in prompts]
         try:
-            for request_id, token_ids, params, prio in zip(ids, encoded, sampling_params, priority):
-                self.engine.add_request(request_id, token_ids, params, prio)
+            for request_id, prompt, token_ids, params, prio in zip(ids, prompts, encoded, sampling_params, priority):
+                params = params.model_copy(update={"output_kind": "final_only"})
+                text = prompt if isinstance(prompt, str) else None
+                self.engine.add_request(request_id, token_ids, params, prio, prompt=text)
         except Exception:
             for request_id in ids:
                 self.engine.abort_request(request_id)
             raise
-        return self._run(ids, prompts, use_tqdm)
+        return self._run(ids, use_tqdm)
 
     def chat(
         self,
@@ -80,10 +82,10 @@ class LLM:
         token_ids = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
         outputs = self.generate(token_ids, sampling_params, use_tqdm)
         for output, prompt in zip(outputs, prompts):
-            output.prompt = prompt
+            output.prompt = prompt  # the templated text, as vLLM reports it
         return outputs
 
-    def _run(self, ids: list[str], prompts: Sequence[Prompt], use_tqdm: bool) -> list[RequestOutput]:
+    def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         results: dict[str, RequestOutput] = {}
         with tqdm(total=len(ids), desc="Generating", disable=not use_tqdm, unit="req") as bar:
             while len(results) < len(ids):
@@ -93,7 +95,4 @@ class LLM:
                     if output.finished:
                         results[output.request_id] = output
                         bar.update(1)
-        ordered = [results[i] for i in ids]
-        for output, prompt in zip(ordered, prompts):
-            output.prompt = prompt if isinstance(prompt, str) else None
-        return ordered
+        return [results[i] for i in ids]

@@ -92,6 +92,8 @@ class AttentionBackend(ABC):
     """Block sizes must be a multiple of this (FlashAttention 2: 256)."""
     default_block_size: ClassVar[int] = 16
     """Block size used under ``block_size="auto"``; must be a multiple of ``block_size_multiple``."""
+    kv_cache_block_dim: ClassVar[int] = 1
+    """Which dimension of :meth:`kv_cache_shape` indexes blocks (used to copy blocks for copy-on-write)."""
 
     def __init__(self, spec: AttentionSpec) -> None:
         self.spec = spec

@@ -1,0 +1,135 @@
+"""``AsyncLLM``: many concurrent async consumers served by one batched step loop.
+
+The engine lives on a dedicated thread (a forward pass blocks), so the event loop stays
+free for I/O. Requests and aborts cross over through a queue and are applied between steps;
+outputs come back through ``loop.call_soon_threadsafe``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator
+from typing import Any
+
+from kvserve.config import EngineConfig
+from kvserve.engine.llm_engine import LLMEngine
+from kvserve.outputs import RequestOutput
+from kvserve.sampling_params import SamplingParams
+
+logger = logging.getLogger("kvserve")
+
+
+class EngineDeadError(RuntimeError):
+    """The step loop crashed; the message carries the original error."""
+
+
+class AsyncLLM:
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self._commands: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._wake = threading.Event()
+        self._stopped = False
+        self.dead_error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="kvserve-engine", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> AsyncLLM:
+        return cls(LLMEngine(config))
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    async def generate(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        request_id: str,
+        priority: int = 0,
+    ) -> AsyncIterator[RequestOutput]:
+        """Yield outputs as the request progresses (per ``params.output_kind``), the last one finished.
+
+        Invalid requests raise before anything is queued. Leaving the iterator early (a client
+        disconnect, a cancelled task) aborts the request and frees its KV blocks.
+        """
+        if self.dead_error is not None:
+            raise EngineDeadError(f"engine loop died: {self.dead_error!r}")
+        if request_id in self._streams:
+            raise ValueError(f"request_id: {request_id!r} is already in use")
+        text = prompt if isinstance(prompt, str) else None
+        token_ids = self.engine.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        self.engine.validate_prompt(token_ids, params)
+        stream: asyncio.Queue = asyncio.Queue()
+        self._streams[request_id] = (asyncio.get_running_loop(), stream)
+        self._send("add", (request_id, token_ids, params, priority, text))
+        finished = False
+        try:
+            while not finished:
+                item = await stream.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            self._streams.pop(request_id, None)
+            if not finished:
+                self._send("abort", request_id)
+
+    async def abort(self, request_id: str) -> None:
+        """Stop ``request_id``; its blocks are freed before the next step."""
+        self._send("abort", request_id)
+
+    def shutdown(self) -> None:
+        """Stop the loop after the current step; in-flight requests are aborted."""
+        self._stopped = True
+        self._wake.set()
+        self._thread.join(timeout=30)
+
+    def _send(self, command: str, payload: Any) -> None:
+        self._commands.put((command, payload))
+        self._wake.set()
+
+    def _run(self) -> None:
+        try:
+            while not self._stopped:
+                self._apply_commands()
+                if not self.engine.has_unfinished_requests():
+                    self._wake.wait()
+                    self._wake.clear()
+                    continue
+                for output in self.engine.step():
+                    self._deliver(output.request_id, output)
+        except BaseException as exc:  # report to every waiting consumer instead of hanging them
+            logger.exception("engine loop died")
+            self.dead_error = exc
+            for request_id in list(self._streams):
+                self._deliver(request_id, EngineDeadError(f"engine loop died: {exc!r}"))
+        finally:
+            for request_id in list(self.engine.states):
+                self.engine.abort_request(request_id)
+
+    def _apply_commands(self) -> None:
+        while True:
+            try:
+                command, payload = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if command == "abort":
+                self.engine.abort_request(payload)
+                continue
+            request_id = payload[0]
+            try:
+                self.engine.add_request(*payload[:4], prompt=payload[4])
+            except Exception as exc:  # validated before queueing; anything left still reaches its caller
+                self._deliver(request_id, exc)
+
+    def _deliver(self, request_id: str, item: Any) -> None:
+        target = self._streams.get(request_id)
+        if target is not None:
+            loop, stream = target
+            loop.call_soon_threadsafe(stream.put_nowait, item)

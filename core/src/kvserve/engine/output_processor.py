@@ -1,0 +1,131 @@
+"""Turns sampled tokens into user-facing outputs: text, stop strings, logprobs, streaming deltas."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from kvserve.engine.detokenizer import IncrementalDetokenizer
+from kvserve.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprobs
+from kvserve.request import Request
+from kvserve.sampling_params import SamplingParams
+
+
+class SequenceState:
+    """One of a request's ``n`` completions: its scheduler request, text, logprobs, what was sent."""
+
+    def __init__(self, index: int, request: Request, tokenizer: Any) -> None:
+        params = request.sampling_params
+        self.index = index
+        self.request = request
+        self.detokenizer = IncrementalDetokenizer(tokenizer, params.skip_special_tokens) if params.detokenize else None
+        self.logprobs: list[TokenLogprobs] | None = [] if params.logprobs is not None else None
+        self.cumulative_logprob: float | None = 0.0 if params.logprobs is not None else None
+        self.text = ""
+        self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None
+        self.sent_tokens = 0
+        self.sent_text = 0
+        self.changed = False
+
+    def add_token(self, token_id: int, logprobs: TokenLogprobs | None) -> str | None:
+        """Record a generated token; returns the stop string it completed, if any."""
+        self.changed = True
+        if self.logprobs is not None and logprobs is not None:
+            self.logprobs.append(logprobs)
+            self.cumulative_logprob += logprobs[token_id].logprob
+        if self.detokenizer is None:
+            return None
+        before = len(self.text)
+        self.text += self.detokenizer.add(token_id)
+        params = self.request.sampling_params
+        if not params.stop or len(self.request.output_token_ids) < params.min_tokens:
+            return None
+        longest = max(len(s) for s in params.stop)
+        window = max(0, before - longest + 1)  # a match may straddle the previous text's end
+        hits = [(self.text.find(s, window), s) for s in params.stop]
+        hits = [(at, s) for at, s in hits if at >= 0]
+        if not hits:
+            return None
+        at, stop = min(hits)
+        self.text = self.text[: at + len(stop)] if params.include_stop_str_in_output else self.text[:at]
+        return stop
+
+    def finish(self, reason: str, stop_reason: int | str | None = None) -> None:
+        self.changed = True
+        self.finish_reason, self.stop_reason = reason, stop_reason
+
+    def visible_text(self) -> str:
+        """Text safe to show now: while running, a tail that could still start a stop string is held back."""
+        params = self.request.sampling_params
+        if self.finish_reason is not None or not params.stop:
+            return self.text
+        hold = max(len(s) for s in params.stop) - 1
+        return self.text[: max(self.sent_text, len(self.text) - hold)]
+
+    def completion(self, delta: bool) -> CompletionOutput:
+        tokens = self.request.output_token_ids
+        text = self.visible_text()
+        first_token, first_char = (self.sent_tokens, self.sent_text) if delta else (0, 0)
+        self.sent_tokens, self.sent_text = len(tokens), len(text)
+        self.changed = False
+        return CompletionOutput(
+            index=self.index,
+            text=text[first_char:],
+            token_ids=list(tokens[first_token:]),
+            cumulative_logprob=self.cumulative_logprob,
+            logprobs=None if self.logprobs is None else self.logprobs[first_token:],
+            finish_reason=self.finish_reason,
+            stop_reason=self.stop_reason,
+        )
+
+
+class RequestState:
+    """A user request: the prompt, its ``n`` sequences, prompt logprobs and timing."""
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt: str | None,
+        sequences: list[Request],
+        tokenizer: Any,
+        params: SamplingParams,
+    ) -> None:
+        self.request_id = request_id
+        self.prompt = prompt
+        self.params = params
+        self.prompt_token_ids = sequences[0].prompt_token_ids
+        self.sequences = [SequenceState(i, r, tokenizer) for i, r in enumerate(sequences)]
+        self.metrics = RequestMetrics(arrival_time=sequences[0].arrival_time)
+        self.prompt_logprobs: list[TokenLogprobs | None] | None = None
+        if params.prompt_logprobs is not None:
+            self.prompt_logprobs = [None]  # the first prompt token has no context to be predicted from
+        self.sent_prompt_logprobs = False
+
+    @property
+    def finished(self) -> bool:
+        return all(s.finish_reason is not None for s in self.sequences)
+
+    def output(self) -> RequestOutput | None:
+        """The output to emit now under the request's ``output_kind`` (None: nothing to emit)."""
+        kind = self.params.output_kind
+        finished = self.finished
+        if kind == "final_only" and not finished:
+            return None
+        delta = kind == "delta"
+        sequences = [s for s in self.sequences if s.changed] if delta else self.sequences
+        if finished and self.metrics.finished_time is None:
+            self.metrics.finished_time = time.monotonic()
+        prompt_logprobs = self.prompt_logprobs
+        if delta and self.sent_prompt_logprobs:
+            prompt_logprobs = None
+        self.sent_prompt_logprobs = True
+        return RequestOutput(
+            request_id=self.request_id,
+            prompt=self.prompt,
+            prompt_token_ids=self.prompt_token_ids,
+            outputs=[s.completion(delta) for s in sequences],
+            finished=finished,
+            prompt_logprobs=prompt_logprobs,
+            metrics=self.metrics,
+        )

@@ -1,0 +1,121 @@
+"""Sampler semantics on hand-built logits (no model needed)."""
+
+import pytest
+import torch
+from transformers import RepetitionPenaltyLogitsProcessor
+
+from kvserve.engine.sampler import Sampler
+from kvserve.request import Request
+from kvserve.sampling_params import SamplingParams
+
+VOCAB = 12
+
+
+def request(rid="r", prompt=(1, 2, 3), output=(), **params):
+    r = Request(rid, list(prompt), SamplingParams(**params), eos_token_ids=(0,))
+    r.output_token_ids = list(output)
+    return r
+
+
+def processed(logits, requests):
+    return Sampler(0)._process(logits.clone(), requests, tokenizer=None)
+
+
+def test_repetition_penalty_matches_hf_over_prompt_and_output():
+    logits = torch.randn(1, VOCAB)
+    r = request(prompt=(1, 2, 3), output=(3, 5, 5), repetition_penalty=1.7)
+    expected = RepetitionPenaltyLogitsProcessor(1.7)(torch.tensor([[1, 2, 3, 3, 5, 5]]), logits.clone())
+    torch.testing.assert_close(processed(logits, [r]), expected)
+
+
+def test_presence_and_frequency_penalties_follow_openai_over_output_only():
+    logits = torch.zeros(1, VOCAB)
+    r = request(prompt=(7,), output=(3, 5, 5), presence_penalty=0.5, frequency_penalty=0.25)
+    out = processed(logits, [r])[0]
+    assert out[3] == pytest.approx(-(0.25 * 1 + 0.5))
+    assert out[5] == pytest.approx(-(0.25 * 2 + 0.5))
+    assert out[7] == 0 and out[1] == 0  # prompt tokens are not penalised by presence/frequency
+
+
+def test_penalties_apply_per_row_only_where_requested():
+    logits = torch.ones(2, VOCAB)
+    plain = request("a", output=(4,))
+    penalised = request("b", output=(4,), frequency_penalty=1.0)
+    out = processed(logits, [plain, penalised])
+    assert out[0, 4] == 1.0 and out[1, 4] == 0.0
+
+
+def test_bias_allowed_tokens_and_min_tokens_mask():
+    logits = torch.zeros(3, VOCAB)
+    rows = [
+        request("a", logit_bias={6: 5.0}),
+        request("b", allowed_token_ids=[2, 9]),
+        request("c", min_tokens=2, stop_token_ids=[8], output=(4,)),
+    ]
+    out = processed(logits, rows)
+    assert out[0].argmax() == 6
+    assert torch.isinf(out[1]).sum() == VOCAB - 2 and out[1, 2] == 0 and out[1, 9] == 0
+    assert torch.isinf(out[2, 0]) and torch.isinf(out[2, 8])  # EOS and stop token banned before min_tokens
+
+
+def test_logits_processor_sees_history_and_runs_first():
+    seen = []
+
+    def force_seven(output_ids, row):
+        seen.append(list(output_ids))
+        row = torch.full_like(row, -10.0)
+        row[7] = 10.0
+        return row
+
+    r = request(output=(1, 2), logits_processors=[force_seven], temperature=0.0)
+    assert Sampler(0)(torch.randn(1, VOCAB), [r]).tokens == [7]
+    assert seen == [[1, 2]]
+
+
+def test_top_k_top_p_min_p_restrict_support():
+    logits = torch.log(torch.tensor([[0.5, 0.25, 0.15, 0.1] + [1e-9] * (VOCAB - 4)]))
+    cases = {"top_k": ({"top_k": 2}, {0, 1}), "top_p": ({"top_p": 0.7}, {0, 1}), "min_p": ({"min_p": 0.35}, {0, 1})}
+    for name, (params, support) in cases.items():
+        sampler = Sampler(0)
+        rows = [request(f"{name}{i}", **params) for i in range(200)]
+        drawn = set(sampler(logits.repeat(200, 1), rows).tokens)
+        assert drawn == support, name
+
+
+def test_seeded_rows_are_independent_of_batch_composition():
+    logits = torch.randn(1, VOCAB)
+    alone = Sampler(1)(logits, [request("s", seed=42)]).tokens
+    others = [request(f"o{i}") for i in range(5)]
+    batch = Sampler(2)(logits.repeat(6, 1), others[:3] + [request("s", seed=42)] + others[3:]).tokens
+    assert batch[3] == alone[0]
+
+
+def test_logprobs_report_raw_distribution_top_n_and_chosen_rank():
+    logits = torch.tensor([[3.0, 2.0, 1.0, 0.0] + [-5.0] * (VOCAB - 4)])
+    r = request(logprobs=2, temperature=0.0, logit_bias={3: 50.0})  # processing picks token 3
+    out = Sampler(0)(logits, [r])
+    raw = logits.log_softmax(-1)[0]
+    assert out.tokens == [3]
+    entry = out.logprobs[0]
+    assert set(entry) == {0, 1, 3}
+    assert entry[3].rank == 4 and entry[3].logprob == pytest.approx(float(raw[3]))
+    assert entry[0].rank == 1 and entry[0].logprob == pytest.approx(float(raw[0]))
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [("temperature", -1), ("top_p", 0), ("top_k", -2), ("n", 0), ("logprobs", 21), ("max_tokens", 0), ("min_p", 2)],
+)
+def test_invalid_values_name_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**{field: value})
+
+
+def test_invalid_combinations_are_refused():
+    with pytest.raises(ValueError, match="min_tokens"):
+        SamplingParams(min_tokens=5, max_tokens=2)
+    with pytest.raises(ValueError, match="stop"):
+        SamplingParams(stop=["x"], detokenize=False)
+    with pytest.raises(ValueError, match="allowed_token_ids"):
+        SamplingParams(allowed_token_ids=[])
+    assert SamplingParams(stop="END").stop == ["END"]
