@@ -40,6 +40,8 @@ class Request:
     eos_token_ids: tuple[int, ...] = ()
     arrival_time: float = field(default_factory=time.monotonic)
     priority: int = 0
+    cache_salt: str | None = None
+    """Separates prefix caches: blocks are reused only between requests with the same salt."""
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     num_preemptions: int = 0

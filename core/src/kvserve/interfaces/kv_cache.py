@@ -15,11 +15,14 @@ class KVCacheStats:
     """A snapshot for logs and metrics."""
 
     num_blocks: int
+    """Usable blocks (the null block excluded)."""
     num_free_blocks: int
+    """Blocks not held by any request, cached ones included."""
     prefix_queries: int = 0
-    """Prompt tokens looked up in the prefix cache."""
+    """Tokens looked up in the prefix cache when requests were admitted (prompt, plus the
+    output so far of a request resumed after preemption)."""
     prefix_hits: int = 0
-    """Of those, tokens found cached."""
+    """Of those, tokens whose cached KV was reused."""
 
     @property
     def usage(self) -> float:
@@ -29,6 +32,13 @@ class KVCacheStats:
     def prefix_hit_rate(self) -> float:
         return self.prefix_hits / self.prefix_queries if self.prefix_queries else 0.0
 
+    def summary(self) -> str:
+        """One log line, e.g. ``KV cache usage 12.5%, prefix cache hit rate 87.3% (1234/1413 tokens)``."""
+        return (
+            f"KV cache usage {self.usage:.1%}, prefix cache hit rate {self.prefix_hit_rate:.1%} "
+            f"({self.prefix_hits}/{self.prefix_queries} tokens)"
+        )
+
 
 class KVCacheManager(ABC):
     """Hands out fixed-size KV blocks to requests.
@@ -36,6 +46,14 @@ class KVCacheManager(ABC):
     Block 0 is the null block: it is never handed out and pads block tables. A request's
     block table is the list of block ids holding its tokens in order: token ``t`` lives in
     block ``table[t // block_size]`` at offset ``t % block_size``.
+
+    With prefix caching, a full block whose KV has been computed may be handed to other
+    requests whose tokens up to the end of that block are the same (and whose extra keys,
+    such as ``Request.cache_salt``, match), and it stays cached after its holders free it,
+    until its space is needed. The manager learns which tokens are computed from
+    ``request.num_computed_tokens`` when the scheduler calls :meth:`allocate_slots` and
+    :meth:`free`; it must never offer a block whose KV is not computed yet, because the
+    request computing it may be preempted before it does.
     """
 
     name: str
@@ -50,22 +68,42 @@ class KVCacheManager(ABC):
     def num_cached_tokens(self, request: Request) -> int:
         """Tokens at the start of ``request`` whose KV is already cached (whole blocks only).
 
-        A pure lookup: nothing is reserved until :meth:`allocate_slots`. Returns 0 when prefix
-        caching is off, and never the whole sequence (the last token must be recomputed).
+        ``request`` holds no blocks yet (new, or preempted). A pure lookup: nothing is reserved
+        or counted until :meth:`allocate_slots`. Returns 0 when prefix caching is off, and never
+        the whole sequence (the last token must be recomputed so that its logits exist).
         """
 
     @abstractmethod
     def allocate_slots(self, request: Request, num_new_tokens: int, num_cached_tokens: int = 0) -> bool:
-        """Make room for ``num_new_tokens`` more tokens of ``request``, all or nothing.
+        """Make room for KV of tokens up to ``request.num_computed_tokens + num_new_tokens``, all or nothing.
 
-        On the first call for a request, ``num_cached_tokens`` (from :meth:`num_cached_tokens`)
-        says how many leading tokens reuse cached blocks. Returns False, holding nothing new,
-        when the free blocks do not suffice.
+        On the first call for a request (it holds no blocks), ``num_cached_tokens`` is the
+        value :meth:`num_cached_tokens` returned in the same scheduling pass, and the scheduler
+        has set ``request.num_computed_tokens`` to it: those leading tokens reuse the cached
+        blocks (one more holder each) and count as prefix cache hits. Returns False, holding
+        nothing new, when the free blocks do not suffice.
         """
 
     @abstractmethod
     def free(self, request: Request) -> None:
-        """Release every block ``request`` holds (finished, aborted or preempted)."""
+        """Release every block ``request`` holds (finished, aborted or preempted); no-op if it holds none.
+
+        Called before ``request.num_computed_tokens`` is reset, so computed full blocks can
+        stay cached for later requests.
+        """
+
+    def fork(self, parent: Request, child: Request) -> list[tuple[int, int]] | None:
+        """Give ``child`` (holding no blocks) the KV of ``parent``'s first ``child.num_computed_tokens`` tokens.
+
+        For ``n > 1`` sampling: the two sequences agree on those tokens, which the parent has
+        computed. Full blocks are shared (one more holder each); a partially filled last block
+        is copied into a fresh block the child owns (copy on write), since both sequences will
+        write different tokens after it. Returns the ``(src_block, dst_block)`` pairs whose
+        KV the engine must copy before the child's next step (empty without a partial block),
+        or None, holding nothing new, when no free block is available. Managers that do not
+        support ``n > 1`` keep this default, which raises NotImplementedError.
+        """
+        raise NotImplementedError(f"KV cache manager {self.name!r} cannot fork requests (n > 1)")
 
     @abstractmethod
     def block_table(self, request_id: str) -> list[int]:
@@ -77,8 +115,12 @@ class KVCacheManager(ABC):
 
     @abstractmethod
     def stats(self) -> KVCacheStats:
-        """Counts for logging and metrics."""
+        """Counts for logging and metrics; the prefix counters only grow."""
 
     def reset_prefix_cache(self) -> bool:
-        """Forget every cached block not in use; returns False if some are still referenced."""
+        """Forget every cached block, e.g. after the weights changed.
+
+        Only possible while no request holds blocks: returns False, changing nothing,
+        otherwise. Managers without a prefix cache keep this default, which returns True.
+        """
         return True

@@ -1,1 +1,1 @@
-"""The default paged KV cache manager (registered by core as ``paged``)."""
+"""The default paged KV cache manager (registered by core as ``paged``): block pool, prefix cache, manager."""

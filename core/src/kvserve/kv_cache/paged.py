@@ -1,39 +1,114 @@
-"""The default KVCacheManager: one block table per request over a shared BlockPool."""
+"""The default KVCacheManager: one block table per request over a shared BlockPool, plus a prefix cache."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
 from kvserve.interfaces.kv_cache import KVCacheManager, KVCacheStats
 from kvserve.kv_cache.block_pool import BlockPool
+from kvserve.kv_cache.prefix_cache import BlockHashFn, CachedBlock, ExtraKeys, PrefixCache, hash_block_tokens
 from kvserve.request import Request
 
 
+@dataclass
+class _Chain:
+    """How far a request's full blocks are registered: ``entries[i]`` is the cache entry of its block ``i``."""
+
+    entries: list[CachedBlock] = field(default_factory=list)
+    closed: bool = False
+    """Set when a block could not be registered; the blocks after it cannot be either."""
+
+
 class PagedKVCacheManager(KVCacheManager):
+    """Blocks are freed tail first, so the pool reuses (evicts) the end of a cached chain
+    before its shared head; a block is registered in the prefix cache once all its tokens
+    are computed, which the manager sees at the request's next :meth:`allocate_slots` or
+    :meth:`free`. ``hash_fn`` is injectable so tests can force collisions."""
+
     name = "paged"
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = False,
+        *,
+        hash_fn: BlockHashFn = hash_block_tokens,
+    ) -> None:
         super().__init__(num_blocks, block_size, enable_prefix_caching)
         self.pool = BlockPool(num_blocks)
+        self.prefix_cache = PrefixCache(hash_fn)
         self.tables: dict[str, list[int]] = {}
+        self._chains: dict[str, _Chain] = {}
+        self._queries = 0
+        self._hits = 0
 
     def num_cached_tokens(self, request: Request) -> int:
-        return 0  # prefix caching plugs in here
+        return len(self._lookup(request)) * self.block_size
 
     def allocate_slots(self, request: Request, num_new_tokens: int, num_cached_tokens: int = 0) -> bool:
-        table = self.tables.get(request.request_id, [])
+        request_id = request.request_id
+        admitting = request_id not in self.tables
+        if admitting:
+            hits = self._lookup(request)[: num_cached_tokens // self.block_size]
+            if len(hits) * self.block_size != num_cached_tokens:
+                raise ValueError(
+                    f"num_cached_tokens: {num_cached_tokens} for request {request_id!r}, but "
+                    f"{len(hits) * self.block_size} tokens are cached in whole blocks"
+                )
+            table = [entry.block_id for entry in hits]
+        else:
+            self._register_computed(request)
+            hits, table = [], self.tables[request_id]
         needed = -(-(request.num_computed_tokens + num_new_tokens) // self.block_size) - len(table)
-        if needed <= 0:
-            self.tables[request.request_id] = table
-            return True
-        blocks = self.pool.allocate(needed)
-        if blocks is None:
+        # Cached blocks nobody holds sit in the free queue: reusing them leaves fewer to allocate.
+        reused = sum(1 for entry in hits if self.pool.ref_counts[entry.block_id] == 0)
+        if needed > self.pool.num_free() - reused:
             return False
-        self.tables[request.request_id] = table + blocks
+        for entry in hits:
+            self.pool.share(entry.block_id)
+        self.tables[request_id] = table + self._take(max(needed, 0))
+        if admitting:
+            self._chains[request_id] = _Chain(hits)
+            if self.enable_prefix_caching:
+                self._queries += request.num_tokens
+                self._hits += num_cached_tokens
         return True
 
     def free(self, request: Request) -> None:
-        # Release tail first so that, once prefix caching keeps freed blocks, the shared
-        # head of a chain is the last to be evicted.
-        self.pool.release(self.tables.pop(request.request_id, [])[::-1])
+        if request.request_id not in self.tables:
+            return
+        self._register_computed(request)
+        del self._chains[request.request_id]
+        # Tail first: the pool reuses the earliest freed, so the end of a chain is evicted
+        # before the head other prompts are likelier to share.
+        self.pool.release(self.tables.pop(request.request_id)[::-1])
+
+    def fork(self, parent: Request, child: Request) -> list[tuple[int, int]] | None:
+        if child.request_id in self.tables:
+            raise ValueError(f"fork: child {child.request_id!r} already holds blocks")
+        if child.num_computed_tokens > parent.num_computed_tokens:
+            raise ValueError(
+                f"fork: child {child.request_id!r} needs {child.num_computed_tokens} tokens of KV, "
+                f"parent {parent.request_id!r} has computed {parent.num_computed_tokens}"
+            )
+        num_full, partial = divmod(child.num_computed_tokens, self.block_size)
+        parent_table = self.tables[parent.request_id]
+        copies: list[tuple[int, int]] = []
+        table = parent_table[:num_full]
+        if partial:
+            if self.pool.num_free() == 0:
+                return None
+            (fresh,) = self._take(1)
+            copies.append((parent_table[num_full], fresh))
+        for block in table:
+            self.pool.share(block)
+        self.tables[child.request_id] = table + [dst for _, dst in copies]
+        # The child re-registers the shared blocks as it goes: the cache hands back the
+        # parent's entries for them, so both chains continue from the same entries.
+        self._chains[child.request_id] = _Chain()
+        return copies
 
     def block_table(self, request_id: str) -> list[int]:
         return self.tables[request_id]
@@ -42,4 +117,56 @@ class PagedKVCacheManager(KVCacheManager):
         return self.pool.num_free()
 
     def stats(self) -> KVCacheStats:
-        return KVCacheStats(num_blocks=self.num_blocks - 1, num_free_blocks=self.pool.num_free())
+        return KVCacheStats(
+            num_blocks=self.num_blocks - 1,
+            num_free_blocks=self.pool.num_free(),
+            prefix_queries=self._queries,
+            prefix_hits=self._hits,
+        )
+
+    def reset_prefix_cache(self) -> bool:
+        if self.pool.num_free() < self.num_blocks - 1:
+            return False
+        self.prefix_cache.clear()
+        return True
+
+    # -- helpers --------------------------------------------------------------------------
+    def _take(self, count: int) -> list[int]:
+        """``count`` fresh blocks (the caller checked they are free); any cached KV in them is forgotten."""
+        blocks = self.pool.allocate(count)
+        assert blocks is not None, "caller checked the free count"
+        for block in blocks:
+            self.prefix_cache.evict(block)
+        return blocks
+
+    def _lookup(self, request: Request) -> list[CachedBlock]:
+        if not self.enable_prefix_caching:
+            return []
+        # Stop before the last token: it is always recomputed so that its logits exist.
+        return self.prefix_cache.match(self._full_blocks(request, request.num_tokens - 1), self._extra_keys(request))
+
+    def _register_computed(self, request: Request) -> None:
+        """Register the request's full blocks whose tokens are all computed."""
+        chain = self._chains[request.request_id]
+        if not self.enable_prefix_caching or chain.closed:
+            return
+        table = self.tables[request.request_id]
+        extra_keys = self._extra_keys(request)
+        num_done = len(chain.entries) * self.block_size
+        for token_ids in self._full_blocks(request, request.num_computed_tokens, num_done):
+            parent = chain.entries[-1] if chain.entries else None
+            entry = self.prefix_cache.insert(table[len(chain.entries)], parent, token_ids, extra_keys)
+            if entry is None:
+                chain.closed = True
+                return
+            chain.entries.append(entry)
+
+    def _full_blocks(self, request: Request, num_tokens: int, start: int = 0) -> Iterator[tuple[int, ...]]:
+        """Token ids of each full block within the first ``num_tokens`` tokens, from token ``start``."""
+        for begin in range(start, num_tokens - self.block_size + 1, self.block_size):
+            yield tuple(request.token_ids(begin, begin + self.block_size))
+
+    @staticmethod
+    def _extra_keys(request: Request) -> ExtraKeys:
+        """What besides the tokens must match for KV to be shared."""
+        return () if request.cache_salt is None else (request.cache_salt,)
