@@ -35,6 +35,7 @@ class SchedulerOutput:
 
     @property
     def num_batched_tokens(self) -> int:
+        """Tokens computed in this step, over all scheduled requests."""
         return sum(s.num_tokens for s in self.scheduled)
 
 
@@ -44,6 +45,7 @@ class Scheduler(ABC):
     name: str
 
     def __init__(self, config: SchedulerConfig, kv_cache: KVCacheManager, max_model_len: int) -> None:
+        """``kv_cache`` is the engine's manager: the scheduler allocates and frees every request's blocks."""
         self.config = config
         self.kv_cache = kv_cache
         self.max_model_len = max_model_len
@@ -51,6 +53,15 @@ class Scheduler(ABC):
     @abstractmethod
     def add_request(self, request: Request) -> None:
         """Queue a new request for admission."""
+
+    def add_running(self, request: Request) -> None:
+        """Run a request that already holds KV blocks for its ``num_computed_tokens`` tokens.
+
+        For ``n > 1``: a sequence forked from its leader with :meth:`KVCacheManager.fork`
+        joins the running set directly, even past ``max_num_seqs`` for a while. Schedulers
+        that do not support this keep the default, which raises NotImplementedError.
+        """
+        raise NotImplementedError(f"scheduler {self.name!r} cannot take forked requests (n > 1)")
 
     @abstractmethod
     def abort_request(self, request_id: str) -> Request | None:

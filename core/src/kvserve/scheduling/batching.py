@@ -1,7 +1,8 @@
 """Continuous batching: token budget, max sequences, chunked prefill, recompute preemption.
 
 A scheduler plugin subclasses :class:`BatchingScheduler` and supplies only the policy:
-the order of the waiting queue and which running request to preempt.
+the order of the waiting queue, which running request to preempt, and whether a waiting
+request may preempt running ones to be admitted.
 """
 
 from __future__ import annotations
@@ -9,25 +10,47 @@ from __future__ import annotations
 import bisect
 import itertools
 from abc import abstractmethod
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvserve.interfaces.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
 from kvserve.request import Request, RequestStatus
 
+if TYPE_CHECKING:
+    from kvserve.config import SchedulerConfig
+    from kvserve.interfaces.kv_cache import KVCacheManager
+
 
 class BatchingScheduler(Scheduler):
-    """Each step: running requests first (decodes and unfinished prefill chunks), then, if no
-    one had to be preempted, waiting requests in policy order while budget and blocks last."""
+    """Each step: running requests first (decodes and unfinished prefill chunks), preempting
+    :meth:`preemption_victim` while blocks run out; then, if no one had to be preempted,
+    waiting requests in policy order while budget, sequence slots and blocks last. A waiting
+    request short of blocks or of a slot preempts running victims as long as
+    :meth:`may_preempt_for` allows, else admission stops for this step."""
 
     @abstractmethod
     def admission_key(self, request: Request) -> Any:
-        """Sort key of the waiting queue: smaller is admitted first (ties: arrival order)."""
+        """Sort key of the waiting queue: smaller is admitted first (ties: arrival order).
+
+        The queue is kept sorted as requests arrive or are preempted, so a request's key must
+        not change while it waits.
+        """
 
     @abstractmethod
     def preemption_victim(self, running: list[Request]) -> Request:
-        """The running request to preempt when blocks run out (``running`` is in admission order)."""
+        """The running request to preempt when blocks (or, for a waiting request, slots) run out.
 
-    def __init__(self, config, kv_cache, max_model_len: int) -> None:
+        ``running`` is non-empty and in admission order; it may include the request that needs
+        the room, which then preempts itself. The victim's blocks are freed and it goes back to
+        the waiting queue to be recomputed later.
+        """
+
+    def may_preempt_for(self, request: Request, victim: Request) -> bool:
+        """Whether waiting ``request``, short of blocks or of a sequence slot, may preempt running
+        ``victim`` (this policy's :meth:`preemption_victim`) to be admitted now. Default: never,
+        so waiting requests wait for running ones to finish."""
+        return False
+
+    def __init__(self, config: SchedulerConfig, kv_cache: KVCacheManager, max_model_len: int) -> None:
         super().__init__(config, kv_cache, max_model_len)
         self.waiting: list[Request] = []
         self.running: list[Request] = []
@@ -35,12 +58,17 @@ class BatchingScheduler(Scheduler):
         self._arrival_index: dict[str, int] = {}
 
     def _queue_key(self, request: Request) -> tuple[Any, int]:
-        return self.admission_key(request), self._arrival_index[request.request_id]
+        return self.admission_key(request), self.arrival_order(request)
 
     def add_request(self, request: Request) -> None:
         self._arrival_index[request.request_id] = next(self._arrival)
         request.status = RequestStatus.WAITING
         bisect.insort(self.waiting, request, key=self._queue_key)
+
+    def add_running(self, request: Request) -> None:
+        self._arrival_index[request.request_id] = next(self._arrival)
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)
 
     def abort_request(self, request_id: str) -> Request | None:
         for queue in (self.waiting, self.running):
@@ -62,16 +90,15 @@ class BatchingScheduler(Scheduler):
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
             while not self.kv_cache.allocate_slots(request, num_new):
                 victim = self.preemption_victim(self.running)
-                self._preempt(victim, output)
-                if victim.request_id in scheduled:
-                    budget += scheduled.pop(victim.request_id).num_tokens
+                budget += self._preempt(victim, output, scheduled)
                 if victim is request:
                     break
             else:
                 scheduled[request.request_id] = ScheduledRequest(request, request.num_computed_tokens, num_new)
                 budget -= num_new
 
-        while self.waiting and not output.preempted and budget > 0 and len(self.running) < self.config.max_num_seqs:
+        admit = not output.preempted  # blocks ran short: let the running requests progress first
+        while admit and self.waiting and budget > 0:
             request = self.waiting[0]
             cached = self.kv_cache.num_cached_tokens(request)
             remaining = request.num_tokens - cached
@@ -79,14 +106,21 @@ class BatchingScheduler(Scheduler):
             if num_new < remaining and not self.config.enable_chunked_prefill:
                 break
             request.num_computed_tokens = cached
-            if not self.kv_cache.allocate_slots(request, num_new, cached):
-                request.num_computed_tokens = 0
-                break
-            self.waiting.pop(0)
-            self.running.append(request)
-            request.status = RequestStatus.RUNNING
-            scheduled[request.request_id] = ScheduledRequest(request, cached, num_new)
-            budget -= num_new
+            while len(self.running) >= self.config.max_num_seqs or not self.kv_cache.allocate_slots(
+                request, num_new, cached
+            ):
+                victim = self.preemption_victim(self.running) if self.running else None
+                if victim is None or not self.may_preempt_for(request, victim):
+                    request.num_computed_tokens = 0
+                    admit = False
+                    break
+                budget += self._preempt(victim, output, scheduled)
+            else:
+                self.waiting.remove(request)  # not pop(0): a victim may have been queued before it
+                self.running.append(request)
+                request.status = RequestStatus.RUNNING
+                scheduled[request.request_id] = ScheduledRequest(request, cached, num_new)
+                budget -= num_new
 
         output.scheduled = list(scheduled.values())
         return output
@@ -116,8 +150,15 @@ class BatchingScheduler(Scheduler):
     def num_running(self) -> int:
         return len(self.running)
 
-    def _preempt(self, request: Request, output: SchedulerOutput) -> None:
-        """Recompute preemption: drop the KV, queue the request to prefill prompt + output again."""
+    def arrival_order(self, request: Request) -> int:
+        """How many requests this scheduler received before ``request`` (a waiting or running one)."""
+        return self._arrival_index[request.request_id]
+
+    def _preempt(self, request: Request, output: SchedulerOutput, scheduled: dict[str, ScheduledRequest]) -> int:
+        """Recompute preemption: drop the KV, queue the request to prefill prompt + output again.
+
+        Returns the tokens of this step's budget given back (if it was already scheduled).
+        """
         self.running.remove(request)
         self.kv_cache.free(request)
         request.num_computed_tokens = 0
@@ -125,6 +166,8 @@ class BatchingScheduler(Scheduler):
         request.status = RequestStatus.PREEMPTED
         bisect.insort(self.waiting, request, key=self._queue_key)
         output.preempted.append(request)
+        item = scheduled.pop(request.request_id, None)
+        return item.num_tokens if item else 0
 
     def _finish(self, request: Request, status: RequestStatus) -> None:
         self.kv_cache.free(request)
