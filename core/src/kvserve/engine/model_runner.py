@@ -86,7 +86,7 @@ class ModelRunner:
         # Only chunks that reach the end of their sequence sample: a partial prefill must not
         # consume a seeded request's random numbers.
         completing = [i for i, item in enumerate(plan.scheduled) if item.completes_sequence]
-        last_tokens = torch.as_tensor([starts[i + 1] - 1 for i in completing], device=self.device)
+        last_tokens = torch.tensor([starts[i + 1] - 1 for i in completing], dtype=torch.long, device=self.device)
         logits = self.model.compute_logits(hidden[last_tokens]).float()
         prompt_logits = {}
         for i, item in enumerate(plan.scheduled):

@@ -7,6 +7,7 @@ processors, bad-word prefixes); everything else is tensor ops over the whole bat
 from __future__ import annotations
 
 import inspect
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -46,9 +47,7 @@ class Sampler:
         greedy = torch.tensor([p.greedy for p in params])
         if not greedy.all():
             rows = (~greedy).nonzero().squeeze(1)
-            probs = self._filtered_probs(logits[rows], [params[i] for i in rows.tolist()])
-            noise = self._exponential_noise(probs, [requests[i] for i in rows.tolist()])
-            tokens[rows] = (probs / noise).argmax(dim=-1)  # exponential race == a multinomial draw
+            tokens[rows] = self._sample(logits[rows], [requests[i] for i in rows.tolist()])
         token_list = tokens.tolist()
         logprobs = None
         if raw_logprobs is not None:
@@ -92,28 +91,42 @@ class Sampler:
                     banned.append(word[-1])
         return banned
 
-    @staticmethod
-    def _filtered_probs(logits: torch.Tensor, params: list) -> torch.Tensor:
-        temperature = torch.tensor([p.temperature for p in params], dtype=logits.dtype).unsqueeze(1)
-        logits = logits / temperature
+    def _sample(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+        """Temperature, top-k, top-p and min-p, then one draw per row (exponential race == multinomial).
+
+        When every row has a top-k, the work happens on the ``max(top_k)`` best candidates only:
+        no full-vocabulary sort, and random numbers only for those candidates.
+        """
+        params = [r.sampling_params for r in requests]
         vocab = logits.shape[1]
+        logits = logits / torch.tensor([p.temperature for p in params], dtype=logits.dtype).unsqueeze(1)
         top_k = torch.tensor([p.top_k or vocab for p in params]).clamp(max=vocab)
-        top_p = torch.tensor([p.top_p for p in params], dtype=logits.dtype)
-        if (top_k < vocab).any() or (top_p < 1).any():
-            sorted_logits, order = logits.sort(dim=-1, descending=True)
-            drop = torch.arange(vocab).unsqueeze(0) >= top_k.unsqueeze(1)
-            sorted_probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
+        top_p = torch.tensor([p.top_p for p in params], dtype=logits.dtype).unsqueeze(1)
+        width = int(top_k.max())
+        if width < vocab:
+            candidates, candidate_ids = logits.topk(width, dim=-1)
+        elif (top_p < 1).any():
+            candidates, candidate_ids = logits.sort(dim=-1, descending=True)
+        else:
+            candidates, candidate_ids = logits, None
+        if candidate_ids is not None:  # sorted, best first
+            drop = torch.arange(candidates.shape[1]).unsqueeze(0) >= top_k.unsqueeze(1)
+            probs = candidates.masked_fill(drop, float("-inf")).softmax(dim=-1)
             # keep the smallest prefix whose mass reaches top_p (the top token is always kept)
-            drop |= (sorted_probs.cumsum(dim=-1) - sorted_probs) >= top_p.unsqueeze(1)
-            logits = logits.scatter(1, order, sorted_logits.masked_fill(drop, float("-inf")))
-        probs = logits.softmax(dim=-1)
+            drop |= (probs.cumsum(dim=-1) - probs) >= top_p
+            candidates = candidates.masked_fill(drop, float("-inf"))
+        probs = candidates.softmax(dim=-1)
         min_p = torch.tensor([p.min_p for p in params], dtype=logits.dtype).unsqueeze(1)
         if (min_p > 0).any():
             probs = probs.masked_fill(probs < min_p * probs.max(dim=-1, keepdim=True).values, 0.0)
-        return probs
+        choice = (probs / self._exponential_noise(probs, requests)).argmax(dim=-1)
+        return choice if candidate_ids is None else candidate_ids.gather(1, choice.unsqueeze(1)).squeeze(1)
 
     def _exponential_noise(self, probs: torch.Tensor, requests: list[Request]) -> torch.Tensor:
-        noise = torch.empty_like(probs).exponential_(generator=self.generator)
+        noise = torch.empty_like(probs)
+        unseeded = [row for row, r in enumerate(requests) if r.sampling_params.seed is None]
+        if unseeded:
+            noise[unseeded] = torch.empty(len(unseeded), probs.shape[1]).exponential_(generator=self.generator)
         for row, request in enumerate(requests):
             seed = request.sampling_params.seed
             if seed is not None:
@@ -146,23 +159,35 @@ def _call_processor(processor, request: Request, row: torch.Tensor) -> torch.Ten
 
 
 def _apply_penalties(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
-    """Repetition penalty over prompt + output (HF semantics); presence/frequency over output (OpenAI)."""
-    rows, vocab = logits.shape
-    output_counts = torch.zeros(rows, vocab)
-    seen = torch.zeros(rows, vocab, dtype=torch.bool)
-    for row, request in enumerate(requests):
-        if request.sampling_params.uses_penalties:
-            output = torch.tensor(request.output_token_ids, dtype=torch.long)
-            output_counts[row].index_add_(0, output, torch.ones(len(output)))
-            seen[row, torch.tensor(request.prompt_token_ids, dtype=torch.long)] = True
-    seen |= output_counts > 0
-    params = [r.sampling_params for r in requests]
-    repetition = torch.tensor([p.repetition_penalty for p in params]).unsqueeze(1)
-    penalised = torch.where(logits > 0, logits / repetition, logits * repetition)
-    logits = torch.where(seen, penalised, logits)
-    frequency = torch.tensor([p.frequency_penalty for p in params]).unsqueeze(1)
-    presence = torch.tensor([p.presence_penalty for p in params]).unsqueeze(1)
-    return logits - frequency * output_counts - presence * (output_counts > 0).float()
+    """Repetition penalty over prompt + output (HF semantics); presence/frequency over output (OpenAI).
+
+    Works on the tokens each row has seen, never on a ``[rows, vocab]`` scratch tensor.
+    """
+    rows = [i for i, r in enumerate(requests) if r.sampling_params.uses_penalties]
+    seen_ids, repetition, output_ids, output_adjust = [], [], [], []
+    for row in rows:
+        request = requests[row]
+        params = request.sampling_params
+        seen_ids.append(request.prompt_token_ids + request.output_token_ids)
+        repetition.append(params.repetition_penalty)
+        counts = Counter(request.output_token_ids)
+        output_ids.append(list(counts) or [0])
+        output_adjust.append([params.frequency_penalty * c + params.presence_penalty for c in counts.values()] or [0.0])
+    index = torch.tensor(rows)
+    sub = logits[index]
+    ids = _padded(seen_ids)
+    seen = sub.gather(1, ids)
+    penalty = torch.tensor(repetition).unsqueeze(1)
+    sub.scatter_(1, ids, torch.where(seen > 0, seen / penalty, seen * penalty))  # repeats write equal values
+    sub.scatter_add_(1, _padded(output_ids), -_padded(output_adjust, fill=0.0))
+    logits[index] = sub
+    return logits
+
+
+def _padded(lists: list[list], fill=None) -> torch.Tensor:
+    """Rows of unequal length as one tensor, padded with ``fill`` (default: the row's first item)."""
+    width = max(len(values) for values in lists)
+    return torch.tensor([values + [values[0] if fill is None else fill] * (width - len(values)) for values in lists])
 
 
 def _bad_word_token_ids(words: list[str], tokenizer) -> list[list[int]]:

@@ -1,0 +1,73 @@
+"""Sampler cost per decode step at batch 64 with every feature on, as a fraction of the step.
+
+Runs SmolLM2 with 64 concurrent requests that each use penalties, top-k/top-p/min-p,
+logit bias, bad words, a seed and top-5 logprobs, times every engine step and the sampler
+call inside it, and prints both side by side with their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from kvserve import LLM, SamplingParams
+
+
+class TimedSampler:
+    """Wraps the engine's sampler to add up the time spent in it."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.seconds = 0.0
+
+    def __call__(self, *args, **kwargs):
+        start = time.perf_counter()
+        result = self.inner(*args, **kwargs)
+        self.seconds += time.perf_counter() - start
+        return result
+
+    def forget(self, request_id: str) -> None:
+        self.inner.forget(request_id)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=24)
+    args = parser.parse_args()
+
+    llm = LLM(max_model_len=512)
+    engine = llm.engine
+    full = SamplingParams(
+        temperature=0.8, top_k=50, top_p=0.9, min_p=0.02, presence_penalty=0.5, frequency_penalty=0.3,
+        repetition_penalty=1.1, logit_bias={42: 2.0}, bad_words=["banana"], logprobs=5, seed=7,
+        max_tokens=args.steps + 1, ignore_eos=True,
+    )  # fmt: skip
+    plain = full.model_copy(update=dict(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, presence_penalty=0.0,
+                                        frequency_penalty=0.0, repetition_penalty=1.0, logit_bias={},
+                                        bad_words=[], logprobs=None, seed=None))  # fmt: skip
+    for label, params in (("all features", full), ("greedy only", plain)):
+        for i in range(args.batch):
+            engine.add_request(
+                f"{label}-{i}", [1] + list(range(100, 130 + i % 7)), params.model_copy(update={"seed": i})
+            )
+        while any(not s.sequences[0].request.output_token_ids for s in engine.states.values()):
+            engine.step()  # prefill everything first: only decode steps are measured
+        timed = engine.sampler = TimedSampler(engine.sampler)
+        start = time.perf_counter()
+        for _ in range(args.steps - 1):
+            engine.step()
+        step_seconds = (time.perf_counter() - start) / (args.steps - 1)
+        sampler_seconds = timed.seconds / (args.steps - 1)
+        engine.sampler = timed.inner
+        while engine.has_unfinished_requests():
+            engine.step()
+        print(f"{label:<14} batch {args.batch}: step {step_seconds * 1e3:7.1f} ms, "
+              f"sampler {sampler_seconds * 1e3:6.1f} ms, sampler/step = {sampler_seconds / step_seconds:.1%} "
+              f"({torch.get_num_threads()} threads)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
