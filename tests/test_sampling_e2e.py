@@ -134,3 +134,27 @@ def test_streaming_deltas_add_up_and_abort_mid_stream_frees_all_blocks(llm):
     assert tokens == final[0].outputs[0].token_ids and text == final[0].outputs[0].text
     assert 3 <= len(aborted_tokens) < 64
     assert manager.num_free_blocks() == free_before
+
+
+def test_n_samples_share_prompt_blocks_and_equal_separately_seeded_requests(model_dir):
+    llm = LLM(str(model_dir), max_model_len=128, num_kv_blocks=64, block_size=16, enable_prefix_caching=False)
+    engine, manager = llm.engine, llm.engine.kv_cache_manager
+    ids = llm.get_tokenizer().encode(" ".join([PROMPT] * 3))
+    full_blocks, partial = divmod(len(ids), 16)
+    assert full_blocks >= 1 and partial, "the prompt should end inside a block to exercise copy-on-write"
+    params = SamplingParams(n=4, temperature=1.0, seed=5, max_tokens=6, ignore_eos=True)
+    engine.add_request("group", ids, params)
+    outputs = engine.step()  # one prefill; the three followers fork off the leader in the same step
+    assert 64 - manager.num_free_blocks() == full_blocks + 4, "full prompt blocks shared, last block copied"
+    leader_table = manager.block_table("group")
+    for block in leader_table[:full_blocks]:
+        assert manager.pool.ref_counts[block] == 4
+    assert len({manager.block_table(f"group#{i}")[-1] for i in range(1, 4)} | {leader_table[-1]}) == 4
+    while engine.has_unfinished_requests():
+        outputs = engine.step() or outputs
+    final = outputs[-1]
+    assert final.finished and [c.index for c in final.outputs] == [0, 1, 2, 3]
+    assert manager.num_free_blocks() == 64
+    for i, completion in enumerate(final.outputs):
+        alone = llm.generate([ids], params.model_copy(update={"n": 1, "seed": 5 + i}), use_tqdm=False)
+        assert completion.token_ids == alone[0].outputs[0].token_ids
