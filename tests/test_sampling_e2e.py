@@ -51,8 +51,9 @@ def test_greedy_logprobs_match_hf_at_every_step(llm, hf):
 
 
 def test_prompt_logprobs_match_hf_forward_with_chunked_prefill(model_dir, hf):
-    llm = LLM(str(model_dir), max_model_len=128, num_kv_blocks=32, max_num_batched_tokens=5)
+    llm = LLM(str(model_dir), max_model_len=128, num_kv_blocks=32, max_num_batched_tokens=5, block_size=4)
     ids = llm.get_tokenizer().encode(PROMPT)
+    llm.generate([ids], SamplingParams(max_tokens=1), use_tqdm=False)  # the prompt is now prefix-cached
     out = llm.generate([ids], SamplingParams(max_tokens=1, prompt_logprobs=3), use_tqdm=False)[0]
     with torch.no_grad():
         expected = hf(torch.tensor([ids])).logits[0].log_softmax(-1)
