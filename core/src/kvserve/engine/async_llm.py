@@ -51,6 +51,7 @@ class AsyncLLM:
         params: SamplingParams,
         request_id: str,
         priority: int = 0,
+        cache_salt: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Yield outputs as the request progresses (per ``params.output_kind``), the last one finished.
 
@@ -66,7 +67,8 @@ class AsyncLLM:
         self.engine.validate_prompt(token_ids, params)
         stream: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = (asyncio.get_running_loop(), stream)
-        self._send("add", (request_id, token_ids, params, priority, text))
+        self._send("add", dict(request_id=request_id, prompt_token_ids=token_ids, params=params,
+                               priority=priority, prompt=text, cache_salt=cache_salt))  # fmt: skip
         finished = False
         try:
             while not finished:
@@ -122,11 +124,10 @@ class AsyncLLM:
             if command == "abort":
                 self.engine.abort_request(payload)
                 continue
-            request_id = payload[0]
             try:
-                self.engine.add_request(*payload[:4], prompt=payload[4])
+                self.engine.add_request(**payload)
             except Exception as exc:  # validated before queueing; anything left still reaches its caller
-                self._deliver(request_id, exc)
+                self._deliver(payload["request_id"], exc)
 
     def _deliver(self, request_id: str, item: Any) -> None:
         target = self._streams.get(request_id)

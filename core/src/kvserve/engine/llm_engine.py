@@ -159,8 +159,12 @@ class LLMEngine:
         params: SamplingParams,
         priority: int = 0,
         prompt: str | None = None,
+        cache_salt: str | None = None,
     ) -> None:
-        """Queue a request; raises (naming the field) if it can never run, leaving the engine untouched."""
+        """Queue a request; raises (naming the field) if it can never run, leaving the engine untouched.
+
+        ``cache_salt`` keeps the request's prefix-cache entries apart from other tenants'.
+        """
         if request_id in self.states:
             raise ValueError(f"request_id: {request_id!r} is already in use")
         self.validate_prompt(prompt_token_ids, params)
@@ -172,6 +176,7 @@ class LLMEngine:
                 params if params.n == 1 else _follower_params(params, i),
                 self.eos_token_ids,
                 priority=priority,
+                cache_salt=cache_salt,
             )
             for i in range(params.n)
         ]
