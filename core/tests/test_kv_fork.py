@@ -57,11 +57,11 @@ def test_fork_without_a_free_block_holds_nothing():
         manager.block_table("c")
 
 
-def test_fork_refuses_uncomputed_kv():
+def test_fork_refuses_kv_the_parent_has_no_blocks_for():
     manager = PagedKVCacheManager(16, BS)
     parent = _parent(manager, 6)
-    with pytest.raises(ValueError, match="has computed 6"):
-        manager.fork(parent, _computed("c", range(8), 8))
+    with pytest.raises(ValueError, match="holds blocks for 8"):
+        manager.fork(parent, _computed("c", range(9), 9))
 
 
 def test_forked_sequences_extend_the_same_cached_chain():

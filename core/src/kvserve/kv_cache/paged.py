@@ -88,13 +88,13 @@ class PagedKVCacheManager(KVCacheManager):
     def fork(self, parent: Request, child: Request) -> list[tuple[int, int]] | None:
         if child.request_id in self.tables:
             raise ValueError(f"fork: child {child.request_id!r} already holds blocks")
-        if child.num_computed_tokens > parent.num_computed_tokens:
+        parent_table = self.tables[parent.request_id]
+        if child.num_computed_tokens > len(parent_table) * self.block_size:
             raise ValueError(
                 f"fork: child {child.request_id!r} needs {child.num_computed_tokens} tokens of KV, "
-                f"parent {parent.request_id!r} has computed {parent.num_computed_tokens}"
+                f"parent {parent.request_id!r} holds blocks for {len(parent_table) * self.block_size}"
             )
         num_full, partial = divmod(child.num_computed_tokens, self.block_size)
-        parent_table = self.tables[parent.request_id]
         copies: list[tuple[int, int]] = []
         table = parent_table[:num_full]
         if partial:
