@@ -183,3 +183,11 @@ def test_disabled_prefix_caching_never_hits_or_counts():
     _run_and_free(manager, _request("a", range(9)))
     assert _run_and_free(manager, _request("b", range(9))) == 0
     assert len(manager.prefix_cache) == 0 and manager.stats().prefix_queries == 0
+
+
+def test_prompt_logprobs_requests_compute_every_position_and_are_not_counted():
+    manager = _manager()
+    _run_and_free(manager, _request("a", range(9)))
+    wants_logits = Request("b", list(range(9)), SamplingParams(prompt_logprobs=1))
+    assert _run_and_free(manager, wants_logits) == 0
+    assert manager.stats().prefix_queries == 9

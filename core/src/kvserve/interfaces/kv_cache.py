@@ -69,8 +69,9 @@ class KVCacheManager(ABC):
         """Tokens at the start of ``request`` whose KV is already cached (whole blocks only).
 
         ``request`` holds no blocks yet (new, or preempted). A pure lookup: nothing is reserved
-        or counted until :meth:`allocate_slots`. Returns 0 when prefix caching is off, and never
-        the whole sequence (the last token must be recomputed so that its logits exist).
+        or counted until :meth:`allocate_slots`. Returns 0 when prefix caching is off or the
+        request asks for prompt logprobs (every prompt position needs logits), and never the
+        whole sequence (the last token must be recomputed so that its logits exist).
         """
 
     @abstractmethod

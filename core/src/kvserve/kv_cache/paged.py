@@ -71,7 +71,7 @@ class PagedKVCacheManager(KVCacheManager):
         self.tables[request_id] = table + self._take(max(needed, 0))
         if admitting:
             self._chains[request_id] = _Chain(hits)
-            if self.enable_prefix_caching:
+            if self._looks_up(request):
                 self._queries += request.num_tokens
                 self._hits += num_cached_tokens
         return True
@@ -139,8 +139,12 @@ class PagedKVCacheManager(KVCacheManager):
             self.prefix_cache.evict(block)
         return blocks
 
+    def _looks_up(self, request: Request) -> bool:
+        # Prompt logprobs need logits at every prompt position, so such a request computes them all.
+        return self.enable_prefix_caching and request.sampling_params.prompt_logprobs is None
+
     def _lookup(self, request: Request) -> list[CachedBlock]:
-        if not self.enable_prefix_caching:
+        if not self._looks_up(request):
             return []
         # Stop before the last token: it is always recomputed so that its logits exist.
         return self.prefix_cache.match(self._full_blocks(request, request.num_tokens - 1), self._extra_keys(request))

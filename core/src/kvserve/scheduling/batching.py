@@ -100,9 +100,7 @@ class BatchingScheduler(Scheduler):
         admit = not output.preempted  # blocks ran short: let the running requests progress first
         while admit and self.waiting and budget > 0:
             request = self.waiting[0]
-            # Prompt logprobs need logits at every prompt position, so such a request computes them all.
-            wants_prompt_logits = request.sampling_params.prompt_logprobs is not None
-            cached = 0 if wants_prompt_logits else self.kv_cache.num_cached_tokens(request)
+            cached = self.kv_cache.num_cached_tokens(request)
             remaining = request.num_tokens - cached
             num_new = min(remaining, budget)
             if num_new < remaining and not self.config.enable_chunked_prefill:
