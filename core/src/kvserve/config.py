@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ByteSize, ConfigDict, Field, PositiveInt, ValidationError
+from pydantic import BaseModel, ByteSize, ConfigDict, Field, PositiveFloat, PositiveInt, SecretStr, ValidationError
 
 from kvserve.errors import ConfigError
 
@@ -54,6 +54,18 @@ class ParallelConfig(_Section):
     tensor_parallel_size: Literal[1] = 1
 
 
+class ServerConfig(_Section):
+    """The OpenAI-compatible HTTP server (``kvserve serve``); the engine ignores it."""
+
+    host: str = Field("127.0.0.1", description="Interface to bind; loopback only unless set")
+    port: int = Field(8000, ge=0, le=65535, description="0: any free port")
+    api_key: SecretStr | None = Field(None, description="When set, requests need 'Authorization: Bearer <key>'")
+    served_model_name: str | None = Field(None, description="The model name clients use; None: from the model")
+    max_concurrent_requests: PositiveInt = Field(256, description="Generation requests in flight; more get 429")
+    max_request_body_bytes: ByteSize = Field(ByteSize(2 * 1024 * 1024), gt=0, description="Larger bodies get 413")
+    shutdown_timeout: PositiveFloat = Field(30.0, description="Seconds in-flight requests get to finish on shutdown")
+
+
 class EngineConfig(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     cache: CacheConfig = Field(default_factory=CacheConfig)
@@ -62,6 +74,7 @@ class EngineConfig(_Section):
     platform: PlatformConfig = Field(default_factory=PlatformConfig)
     quantization: QuantizationConfig = Field(default_factory=QuantizationConfig)
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
+    server: ServerConfig = Field(default_factory=ServerConfig)
 
     @classmethod
     def from_flat(cls, **fields: Any) -> EngineConfig:
