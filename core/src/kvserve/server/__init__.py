@@ -1,0 +1,6 @@
+"""The OpenAI-compatible HTTP server (FastAPI + uvicorn) over ``AsyncLLM``: ``kvserve serve``."""
+
+from kvserve.server.app import build_app
+from kvserve.server.runner import ServerThread, serve
+
+__all__ = ["ServerThread", "build_app", "serve"]

@@ -1,0 +1,104 @@
+"""The FastAPI app: OpenAI routes, utility routes, guards and error handling over one ``AsyncLLM``."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import APIRouter, FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+
+import kvserve
+from kvserve.config import ServerConfig
+from kvserve.engine.async_llm import AsyncLLM
+from kvserve.server import serving_chat, serving_completions
+from kvserve.server.errors import OpenAIError, install_error_handlers
+from kvserve.server.metrics import HttpMetricsMiddleware
+from kvserve.server.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware
+from kvserve.server.protocol import DetokenizeRequest, TokenizeRequest, read_body
+from kvserve.server.state import ServerState
+
+router = APIRouter()
+
+
+def _state(request: Request) -> ServerState:
+    return request.app.state.server
+
+
+@router.get("/health")
+async def health(request: Request) -> JSONResponse:
+    """200 while the engine runs and the server accepts requests, else 503 in OpenAI's error shape."""
+    _state(request).check_ready()
+    return JSONResponse({"status": "ok"})
+
+
+@router.get("/version")
+async def version() -> JSONResponse:
+    return JSONResponse({"version": kvserve.__version__})
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> JSONResponse:
+    state = _state(request)
+    card = {
+        "id": state.model_name, "object": "model", "created": state.created, "owned_by": "kvserve",
+        "root": str(state.llm.engine.model_path), "max_model_len": state.llm.engine.max_model_len,
+    }  # fmt: skip
+    return JSONResponse({"object": "list", "data": [card]})
+
+
+@router.post("/tokenize")
+async def tokenize(request: Request) -> JSONResponse:
+    """Text (``prompt``) or a conversation (``messages``, through the chat template) to token ids."""
+    state = _state(request)
+    body = await read_body(request, TokenizeRequest)
+    state.check_model(body.model)
+    if (body.prompt is None) == (body.messages is None):
+        raise OpenAIError(400, "give exactly one of prompt and messages", param="prompt")
+    if body.messages is not None:
+        tokens = serving_chat.chat_prompt(state, body.messages, body.add_generation_prompt)
+    else:
+        tokens = state.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+    engine = state.llm.engine
+    return JSONResponse({"count": len(tokens), "max_model_len": engine.max_model_len, "tokens": tokens})
+
+
+@router.post("/detokenize")
+async def detokenize(request: Request) -> JSONResponse:
+    state = _state(request)
+    body = await read_body(request, DetokenizeRequest)
+    state.check_model(body.model)
+    vocab = state.llm.engine.hf_config.vocab_size
+    bad = [t for t in body.tokens if not 0 <= t < vocab]
+    if bad:
+        raise OpenAIError(400, f"tokens: {bad[:5]} outside the vocabulary [0, {vocab})", param="tokens")
+    return JSONResponse({"prompt": state.tokenizer.decode(body.tokens)})
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    return Response(_state(request).metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+def build_app(llm: AsyncLLM, config: ServerConfig, model_name: str | None = None) -> FastAPI:
+    """The server for ``llm``; ``model_name`` is what clients call it unless ``config.served_model_name`` says."""
+    state = ServerState(llm, config, model_name)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        state.accepting = False  # the engine itself is shut down by whoever started it
+
+    app = FastAPI(title="kvserve", version=kvserve.__version__, lifespan=lifespan)
+    app.state.server = state
+    routers = (router, serving_completions.router, serving_chat.router)
+    for routes in routers:
+        app.include_router(routes)
+    install_error_handlers(app)
+    # Outermost last: metrics see every response, guards run before any route reads the body.
+    app.add_middleware(BodySizeLimitMiddleware, limit=int(config.max_request_body_bytes))
+    if config.api_key is not None:
+        app.add_middleware(ApiKeyMiddleware, api_key=config.api_key.get_secret_value())
+    paths = {route.path for routes in routers for route in routes.routes}  # type: ignore[attr-defined]
+    app.add_middleware(HttpMetricsMiddleware, metrics=state.metrics, paths=paths)
+    return app

@@ -1,0 +1,112 @@
+"""``POST /v1/chat/completions``: a conversation through the model's chat template, one assistant reply per choice."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, Request, Response
+
+from kvserve.chat_template import ChatTemplateError, render_chat
+from kvserve.outputs import RequestOutput, TokenLogprobs
+from kvserve.sampling_params import SamplingParams
+from kvserve.server.choices import Choices
+from kvserve.server.errors import OpenAIError
+from kvserve.server.logprobs import chat_logprobs
+from kvserve.server.protocol import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatLogprobs,
+    ChatMessage,
+    DeltaMessage,
+    UsageInfo,
+    read_body,
+)
+from kvserve.server.state import ServerState, new_id
+from kvserve.server.streaming import sse_event
+
+router = APIRouter()
+
+
+def chat_prompt(state: ServerState, messages: list[ChatMessage], add_generation_prompt: bool) -> list[int]:
+    """The conversation's prompt token ids; a conversation the template cannot render is a 400."""
+    try:
+        _, token_ids = render_chat(state.tokenizer, [m.template_input() for m in messages], add_generation_prompt)
+    except ChatTemplateError as exc:
+        raise OpenAIError(400, str(exc), param="messages", code="invalid_messages") from None
+    return token_ids
+
+
+@router.post("/v1/chat/completions")
+async def create_chat_completion(request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    body = await read_body(request, ChatCompletionRequest)
+    state.check_ready()
+    state.check_model(body.model)
+    prompt = chat_prompt(state, body.messages, body.add_generation_prompt)
+    params = body.sampling_params()
+    state.validate([prompt], params)
+    run = _ChatRun(state, body, params, prompt)
+    return await state.respond(request, bool(body.stream), run.events, run.response)
+
+
+class _ChatRun:
+    """One chat request's generation, shaped as a single response or as chunks."""
+
+    def __init__(self, state: ServerState, body: ChatCompletionRequest, params: SamplingParams, prompt: list[int]):
+        self.state = state
+        self.body = body
+        self.params = params
+        self.prompt = prompt
+        self.id = new_id("chatcmpl")
+        self.created = int(time.time())
+        self.choices = Choices([len(prompt)], params.n)
+
+    def _generate(self) -> AsyncIterator[tuple[int, RequestOutput]]:
+        return self.state.generate([self.prompt], self.params, self.body.priority)
+
+    def _logprobs(self, token_ids: list[int], logprobs: list[TokenLogprobs] | None) -> ChatLogprobs | None:
+        if self.params.logprobs is None:
+            return None
+        return chat_logprobs(self.state.tokenizer, token_ids, logprobs or [], self.params.logprobs)
+
+    async def response(self) -> ChatCompletionResponse:
+        async for _, output in self._generate():
+            self.choices.add(0, output)
+        choices = [
+            ChatChoice(
+                index=c.index, message=AssistantMessage(content=c.text),
+                logprobs=self._logprobs(c.token_ids, c.logprobs), finish_reason=c.finish_reason,
+                stop_reason=c.stop_reason,
+            )
+            for c in self.choices.choices
+        ]  # fmt: skip
+        return ChatCompletionResponse(
+            id=self.id, created=self.created, model=self.state.model_name, choices=choices, usage=self.choices.usage()
+        )
+
+    async def events(self) -> AsyncIterator[str]:
+        # As OpenAI does: each choice opens with the role, then content deltas, the last with finish_reason.
+        for choice in self.choices.choices:
+            yield sse_event(
+                self._chunk([ChatChunkChoice(index=choice.index, delta=DeltaMessage(role="assistant", content=""))])
+            )
+        async for _, output in self._generate():
+            for choice, delta in self.choices.add(0, output):
+                piece = ChatChunkChoice(
+                    index=choice.index, delta=DeltaMessage(content=delta.text),
+                    logprobs=self._logprobs(delta.token_ids, delta.logprobs), finish_reason=choice.finish_reason,
+                    stop_reason=choice.stop_reason,
+                )  # fmt: skip
+                yield sse_event(self._chunk([piece]))
+        if self.body.include_usage:
+            yield sse_event(self._chunk([], self.choices.usage()))
+
+    def _chunk(self, choices: list[ChatChunkChoice], usage: UsageInfo | None = None) -> ChatCompletionChunk:
+        return ChatCompletionChunk(
+            id=self.id, created=self.created, model=self.state.model_name, choices=choices, usage=usage
+        )

@@ -1,0 +1,115 @@
+"""What every route shares: the engine, the served model name, admission checks and the request limit."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from fastapi import Request, Response
+from pydantic import BaseModel
+
+from kvserve.config import ServerConfig
+from kvserve.engine.async_llm import AsyncLLM
+from kvserve.errors import CapacityError
+from kvserve.outputs import RequestOutput
+from kvserve.sampling_params import SamplingParams
+from kvserve.server.errors import OpenAIError, engine_dead, engine_error
+from kvserve.server.metrics import ServerMetrics
+from kvserve.server.streaming import EventStreamResponse, cancel_on_disconnect, guarded_events, merge_streams
+
+EMBEDDED_MODEL_NAME = "SmolLM2-135M-Instruct"
+"""What clients call the embedded default model."""
+
+
+class ServerState:
+    """Admission (ready? known model? a free slot? a servable prompt?) and generation over ``AsyncLLM``."""
+
+    def __init__(self, llm: AsyncLLM, config: ServerConfig, model_name: str | None = None) -> None:
+        self.llm = llm
+        self.config = config
+        self.model_name = config.served_model_name or model_name or EMBEDDED_MODEL_NAME
+        self.metrics = ServerMetrics(llm.engine)
+        self.created = int(time.time())
+        self.accepting = True
+        """False once shutdown begins."""
+        self.in_flight = 0
+        """Generation requests admitted and not yet answered in full."""
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.llm.tokenizer
+
+    def check_ready(self) -> None:
+        if self.llm.dead_error is not None:
+            raise engine_dead()
+        if not self.accepting:
+            raise OpenAIError(503, "the server is shutting down", code="shutting_down")
+
+    def check_model(self, name: str | None) -> None:
+        """``None`` (vLLM allows omitting it) means the served model."""
+        if name is not None and name != self.model_name:
+            raise OpenAIError(
+                404,
+                f"model {name!r} does not exist; this server serves {self.model_name!r}",
+                "model",
+                "model_not_found",
+            )
+
+    def validate(self, prompts: list[list[int]], params: SamplingParams) -> None:
+        """Reject, before anything is queued or streamed, a prompt the engine could never serve."""
+        for token_ids in prompts:
+            try:
+                self.llm.engine.validate_prompt(token_ids, params)
+            except (ValueError, CapacityError) as exc:  # the message names the field
+                raise engine_error(exc) from None
+
+    def acquire_slot(self) -> None:
+        """Count one more generation request in flight, or refuse with 429 at the limit."""
+        if self.in_flight >= self.config.max_concurrent_requests:
+            raise OpenAIError(
+                429,
+                f"too many requests in flight (limit {self.config.max_concurrent_requests}); retry later",
+                code="too_many_requests",
+            )
+        self.in_flight += 1
+
+    def release_slot(self) -> None:
+        self.in_flight -= 1
+
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, priority: int
+    ) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """Delta outputs of every prompt as they come, tagged with the prompt's index."""
+        base = uuid.uuid4().hex
+        streams = [
+            self.metrics.observe(self.llm.generate(ids, params, f"{base}-{i}", priority=priority))
+            for i, ids in enumerate(prompts)
+        ]
+        return merge_streams(streams)
+
+    async def respond(
+        self,
+        request: Request,
+        stream: bool,
+        events: Callable[[], AsyncIterator[str]],
+        final: Callable[[], Awaitable[BaseModel]],
+    ) -> Response:
+        """Admit a generation request and answer it: with SSE ``events``, or with the ``final`` JSON body.
+
+        The slot is held until the answer is complete or the client has gone.
+        """
+        self.acquire_slot()
+        if stream:
+            return EventStreamResponse(guarded_events(events()), on_close=self.release_slot)
+        try:
+            result = await cancel_on_disconnect(request, final())
+        finally:
+            self.release_slot()
+        return Response(result.model_dump_json(), media_type="application/json")
+
+
+def new_id(prefix: str) -> str:
+    """A response id such as ``chatcmpl-1f0c...``."""
+    return f"{prefix}-{uuid.uuid4().hex}"
