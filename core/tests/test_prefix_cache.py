@@ -1,5 +1,7 @@
 """Prefix caching in the paged KV cache manager: hits, accounting, eviction order, collisions, reset."""
 
+import pytest
+
 from kvserve.kv_cache.paged import PagedKVCacheManager
 from kvserve.kv_cache.prefix_cache import PrefixCache
 from kvserve.request import Request
@@ -69,16 +71,27 @@ def test_lookups_do_not_count_until_admitted():
     assert (manager.stats().prefix_queries, manager.stats().prefix_hits) == (9, 0)
 
 
-def test_blocks_are_offered_only_once_computed():
+def test_scheduled_blocks_are_offered_at_once_and_withdrawn_if_never_computed():
     manager = _manager()
     a = _request("a", range(9))
-    assert manager.allocate_slots(a, 9)  # scheduled, not computed
-    assert manager.num_cached_tokens(_request("b", range(9))) == 0
-    a.num_computed_tokens = 4  # a first chunk ran
-    assert manager.allocate_slots(a, 5)
+    assert manager.allocate_slots(a, 5)  # a first chunk fills block 0: same-step requests may reuse it
     assert manager.num_cached_tokens(_request("b", range(9))) == 4
-    manager.free(a)  # preempted before its second chunk ran: that block never becomes cached
+    a.num_computed_tokens = 5
+    assert manager.allocate_slots(a, 4)  # the second chunk fills block 1
+    assert manager.num_cached_tokens(_request("b", range(9))) == 8
+    manager.free(a)  # preempted before the second chunk ran: block 1 never gets its KV
     assert manager.num_cached_tokens(_request("b", range(9))) == 4
+    assert len(manager.prefix_cache) == 1
+
+
+def test_freeing_a_request_whose_unwritten_block_another_reuses_is_refused():
+    manager = _manager()
+    a = _request("a", range(9))
+    assert manager.allocate_slots(a, 9)
+    b = _request("b", range(9))
+    assert _admit(manager, b) == 8  # reuses blocks a computes in this step
+    with pytest.raises(RuntimeError, match="must not preempt after its first admission"):
+        manager.free(a)
 
 
 def test_preempted_request_resumes_from_its_own_cached_blocks_including_output():

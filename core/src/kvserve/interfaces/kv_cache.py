@@ -47,13 +47,15 @@ class KVCacheManager(ABC):
     block table is the list of block ids holding its tokens in order: token ``t`` lives in
     block ``table[t // block_size]`` at offset ``t % block_size``.
 
-    With prefix caching, a full block whose KV has been computed may be handed to other
-    requests whose tokens up to the end of that block are the same (and whose extra keys,
-    such as ``Request.cache_salt``, match), and it stays cached after its holders free it,
-    until its space is needed. The manager learns which tokens are computed from
-    ``request.num_computed_tokens`` when the scheduler calls :meth:`allocate_slots` and
-    :meth:`free`; it must never offer a block whose KV is not computed yet, because the
-    request computing it may be preempted before it does.
+    With prefix caching, a full block may be handed to other requests whose tokens up to the
+    end of that block are the same (and whose extra keys, such as ``Request.cache_salt``,
+    match), and it stays cached after its holders free it, until its space is needed. A block
+    may be offered as soon as the step that computes its KV is scheduled: the runner writes
+    every scheduled token's KV into a layer before that layer's attention reads it, so a
+    request admitted in the same step can already reuse it. That holds only if the step
+    keeps the request computing the block, so schedulers do all of a step's preemptions
+    before its first admission, and the manager stops offering a block whose request is
+    freed before computing it (``request.num_computed_tokens`` tells which tokens are done).
     """
 
     name: str
@@ -89,8 +91,9 @@ class KVCacheManager(ABC):
     def free(self, request: Request) -> None:
         """Release every block ``request`` holds (finished, aborted or preempted); no-op if it holds none.
 
-        Called before ``request.num_computed_tokens`` is reset, so computed full blocks can
-        stay cached for later requests.
+        Called before ``request.num_computed_tokens`` is reset: blocks holding computed tokens
+        stay cached for later requests, blocks this step was to fill (a request preempted after
+        being scheduled) are no longer offered.
         """
 
     def fork(self, parent: Request, child: Request) -> list[tuple[int, int]] | None:

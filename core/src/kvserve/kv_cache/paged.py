@@ -22,9 +22,8 @@ class _Chain:
 
 class PagedKVCacheManager(KVCacheManager):
     """Blocks are freed tail first, so the pool reuses (evicts) the end of a cached chain
-    before its shared head; a block is registered in the prefix cache once all its tokens
-    are computed, which the manager sees at the request's next :meth:`allocate_slots` or
-    :meth:`free`. ``hash_fn`` is injectable so tests can force collisions."""
+    before its shared head; a block is registered in the prefix cache when the step that
+    fills it is scheduled. ``hash_fn`` is injectable so tests can force collisions."""
 
     name = "paged"
 
@@ -59,7 +58,6 @@ class PagedKVCacheManager(KVCacheManager):
                 )
             table = [entry.block_id for entry in hits]
         else:
-            self._register_computed(request)
             hits, table = [], self.tables[request_id]
         needed = -(-(request.num_computed_tokens + num_new_tokens) // self.block_size) - len(table)
         # Cached blocks nobody holds sit in the free queue: reusing them leaves fewer to allocate.
@@ -74,13 +72,21 @@ class PagedKVCacheManager(KVCacheManager):
             if self._looks_up(request):
                 self._queries += request.num_tokens
                 self._hits += num_cached_tokens
+        self._register_full_blocks(request, request.num_computed_tokens + num_new_tokens)
         return True
 
     def free(self, request: Request) -> None:
         if request.request_id not in self.tables:
             return
-        self._register_computed(request)
-        del self._chains[request.request_id]
+        # Blocks registered for a step that will not run (the request was preempted after being
+        # scheduled) never get their KV: stop offering them.
+        for entry in self._chains.pop(request.request_id).entries[request.num_computed_tokens // self.block_size :]:
+            if self.pool.ref_counts[entry.block_id] > 1:
+                raise RuntimeError(
+                    f"request {request.request_id!r} freed in the step that computes block {entry.block_id}, "
+                    "which another request reuses: a scheduler must not preempt after its first admission of a step"
+                )
+            self.prefix_cache.evict(entry.block_id)
         # Tail first: the pool reuses the earliest freed, so the end of a chain is evicted
         # before the head other prompts are likelier to share.
         self.pool.release(self.tables.pop(request.request_id)[::-1])
@@ -149,15 +155,20 @@ class PagedKVCacheManager(KVCacheManager):
         # Stop before the last token: it is always recomputed so that its logits exist.
         return self.prefix_cache.match(self._full_blocks(request, request.num_tokens - 1), self._extra_keys(request))
 
-    def _register_computed(self, request: Request) -> None:
-        """Register the request's full blocks whose tokens are all computed."""
+    def _register_full_blocks(self, request: Request, num_tokens: int) -> None:
+        """Register the request's blocks that its first ``num_tokens`` tokens fill.
+
+        Called as soon as they are scheduled: a request admitted later in the same step may
+        reuse them, since the runner writes every scheduled token's KV into a layer before
+        that layer's attention reads it.
+        """
         chain = self._chains[request.request_id]
         if not self.enable_prefix_caching or chain.closed:
             return
         table = self.tables[request.request_id]
         extra_keys = self._extra_keys(request)
         num_done = len(chain.entries) * self.block_size
-        for token_ids in self._full_blocks(request, request.num_computed_tokens, num_done):
+        for token_ids in self._full_blocks(request, num_tokens, num_done):
             parent = chain.entries[-1] if chain.entries else None
             entry = self.prefix_cache.insert(table[len(chain.entries)], parent, token_ids, extra_keys)
             if entry is None:

@@ -23,9 +23,9 @@ if TYPE_CHECKING:
 class BatchingScheduler(Scheduler):
     """Each step: running requests first (decodes and unfinished prefill chunks), preempting
     :meth:`preemption_victim` while blocks run out; then, if no one had to be preempted,
-    waiting requests in policy order while budget, sequence slots and blocks last. A waiting
-    request short of blocks or of a slot preempts running victims as long as
-    :meth:`may_preempt_for` allows, else admission stops for this step."""
+    waiting requests in policy order while budget, sequence slots and blocks last. The first
+    waiting request of a step, short of blocks or of a slot, preempts running victims as long
+    as :meth:`may_preempt_for` allows; otherwise admission stops for this step."""
 
     @abstractmethod
     def admission_key(self, request: Request) -> Any:
@@ -47,7 +47,8 @@ class BatchingScheduler(Scheduler):
     def may_preempt_for(self, request: Request, victim: Request) -> bool:
         """Whether waiting ``request``, short of blocks or of a sequence slot, may preempt running
         ``victim`` (this policy's :meth:`preemption_victim`) to be admitted now. Default: never,
-        so waiting requests wait for running ones to finish."""
+        so waiting requests wait for running ones to finish. Asked only for the first request a
+        step admits, so at most one request per step gets in by preempting."""
         return False
 
     def __init__(self, config: SchedulerConfig, kv_cache: KVCacheManager, max_model_len: int) -> None:
@@ -97,33 +98,52 @@ class BatchingScheduler(Scheduler):
                 scheduled[request.request_id] = ScheduledRequest(request, request.num_computed_tokens, num_new)
                 budget -= num_new
 
-        admit = not output.preempted  # blocks ran short: let the running requests progress first
-        while admit and self.waiting and budget > 0:
-            request = self.waiting[0]
-            cached = self.kv_cache.num_cached_tokens(request)
-            remaining = request.num_tokens - cached
-            num_new = min(remaining, budget)
-            if num_new < remaining and not self.config.enable_chunked_prefill:
-                break
-            request.num_computed_tokens = cached
-            while len(self.running) >= self.config.max_num_seqs or not self.kv_cache.allocate_slots(
-                request, num_new, cached
-            ):
-                victim = self.preemption_victim(self.running) if self.running else None
-                if victim is None or not self.may_preempt_for(request, victim):
-                    request.num_computed_tokens = 0
-                    admit = False
-                    break
-                budget += self._preempt(victim, output, scheduled)
-            else:
-                self.waiting.remove(request)  # not pop(0): a victim may have been queued before it
-                self.running.append(request)
-                request.status = RequestStatus.RUNNING
-                scheduled[request.request_id] = ScheduledRequest(request, cached, num_new)
-                budget -= num_new
-
+        if not output.preempted:  # else blocks ran short: let the running requests progress first
+            self._admit_waiting(output, scheduled, budget)
         output.scheduled = list(scheduled.values())
         return output
+
+    def _admit_waiting(self, output: SchedulerOutput, scheduled: dict[str, ScheduledRequest], budget: int) -> None:
+        """Admit waiting requests in queue order while they fit."""
+        first = True
+        while self.waiting and budget > 0:
+            request = self.waiting[0]
+            item = self._fit(request, budget)
+            # Preempting only before the step's first admission: that one may reuse blocks a later
+            # victim was to compute in this step (see KVCacheManager).
+            while item is None and first and (victim := self._victim_for(request)) is not None:
+                budget += self._preempt(victim, output, scheduled)
+                item = self._fit(request, budget)  # looked up again: the victim's blocks may have been cached ones
+            if item is None:
+                return
+            first = False
+            self.waiting.remove(request)  # not pop(0): a victim may have been queued before it
+            self.running.append(request)
+            request.status = RequestStatus.RUNNING
+            scheduled[request.request_id] = item
+            budget -= item.num_tokens
+
+    def _fit(self, request: Request, budget: int) -> ScheduledRequest | None:
+        """Allocate a waiting request's first chunk within ``budget``, reusing its cached prefix, or None."""
+        cached = self.kv_cache.num_cached_tokens(request)
+        remaining = request.num_tokens - cached
+        num_new = min(remaining, budget)
+        if len(self.running) >= self.config.max_num_seqs or (
+            num_new < remaining and not self.config.enable_chunked_prefill
+        ):
+            return None
+        request.num_computed_tokens = cached
+        if not self.kv_cache.allocate_slots(request, num_new, cached):
+            request.num_computed_tokens = 0
+            return None
+        return ScheduledRequest(request, cached, num_new)
+
+    def _victim_for(self, request: Request) -> Request | None:
+        """The running request that waiting ``request`` may preempt, per policy, if any."""
+        if not self.running:
+            return None
+        victim = self.preemption_victim(self.running)
+        return victim if self.may_preempt_for(request, victim) else None
 
     def update(self, output: SchedulerOutput, sampled: list[int]) -> list[Request]:
         finished = []

@@ -91,6 +91,23 @@ def test_waiting_urgent_request_preempts_a_less_urgent_running_one():
     run_to_completion(scheduler, [*low, peer, urgent])
 
 
+def test_only_the_first_admission_of_a_step_may_preempt():
+    # A later victim could be computing blocks the first admission reuses in this very step.
+    scheduler = make_scheduler(4)
+    low = [req("low0", 5, prompt_len=6, first_token=1), req("low1", 5, prompt_len=6, first_token=2)]
+    for r in low:
+        scheduler.add_request(r)
+    step(scheduler)
+    urgent = [req("u0", 0, prompt_len=8, first_token=3), req("u1", 0, prompt_len=8, first_token=4)]
+    for r in urgent:
+        scheduler.add_request(r)
+    out = step(scheduler)
+    assert [r.request_id for r in out.preempted] == ["low1"]
+    assert [i.request.request_id for i in out.scheduled] == ["low0", "u0"]
+    assert [r.request_id for r in scheduler.waiting] == ["u1", "low1"]
+    run_to_completion(scheduler, [*low, *urgent])
+
+
 def test_waiting_urgent_request_preempts_for_a_sequence_slot():
     scheduler = make_scheduler(64, max_num_seqs=1)
     low, urgent = req("low", 3, max_tokens=8, first_token=1), req("urgent", 1, first_token=2)
