@@ -326,6 +326,11 @@ class LLMEngine:
         self.sequences.pop(request.request_id, None)
         self.sampler.forget(request.request_id)
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached KV block (e.g. after the weights changed); False, changing nothing,
+        while requests still hold blocks."""
+        return self.kv_cache_manager.reset_prefix_cache()
+
 
 def _follower_params(params: SamplingParams, index: int) -> SamplingParams:
     """Sequence ``index`` of an ``n > 1`` request: its own seed (seed + index), as in vLLM."""
