@@ -1,4 +1,4 @@
-"""``kvserve plugins``: what is installed and whether it works."""
+"""``kvserve plugins``: what is installed and whether it works (``kvserve plugins check``: see cli/check.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from rich.table import Table
 
 from kvserve.cli.app import app
 
-plugins_app = typer.Typer(help="List installed plugins.", invoke_without_command=True)
+plugins_app = typer.Typer(
+    help="List installed plugins and check them against their contracts.", invoke_without_command=True
+)
 app.add_typer(plugins_app, name="plugins")
 
 

@@ -1,1 +1,58 @@
-"""Test kit for plugin authors: references and batch builders (imports torch)."""
+"""Contract suites for kvserve plugins, and the test kit they are built from.
+
+A plugin's ``tests/test_contract.py`` subclasses the contract of its kind and names the
+component by its registry name; pytest then runs every check of the contract against it::
+
+    from kvserve.testing import AttentionBackendContract
+
+    class TestMyBackend(AttentionBackendContract):
+        backend = "my_backend"
+
+One contract per interface: :class:`PlatformContract`, :class:`AttentionBackendContract`,
+:class:`KVCacheManagerContract`, :class:`SchedulerContract`, :class:`ModelContract` and
+:class:`QuantizationMethodContract`. ``kvserve plugins check`` runs the same suites against
+installed plugins. The package is also a pytest plugin (entry point ``pytest11: kvserve``).
+
+Importing ``kvserve.testing`` is cheap: the contracts (and torch) load on first attribute use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kvserve.testing.check import contract_for
+    from kvserve.testing.contracts.attention import AttentionBackendContract
+    from kvserve.testing.contracts.kv_cache import KVCacheManagerContract
+    from kvserve.testing.contracts.model import ModelContract
+    from kvserve.testing.contracts.platform import PlatformContract
+    from kvserve.testing.contracts.quantization import QuantizationMethodContract
+    from kvserve.testing.contracts.scheduler import SchedulerContract
+
+_LAZY = {
+    "AttentionBackendContract": "kvserve.testing.contracts.attention",
+    "KVCacheManagerContract": "kvserve.testing.contracts.kv_cache",
+    "ModelContract": "kvserve.testing.contracts.model",
+    "PlatformContract": "kvserve.testing.contracts.platform",
+    "QuantizationMethodContract": "kvserve.testing.contracts.quantization",
+    "SchedulerContract": "kvserve.testing.contracts.scheduler",
+    "contract_for": "kvserve.testing.check",
+}
+
+__all__ = [
+    "AttentionBackendContract",
+    "KVCacheManagerContract",
+    "ModelContract",
+    "PlatformContract",
+    "QuantizationMethodContract",
+    "SchedulerContract",
+    "contract_for",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kvserve.testing' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

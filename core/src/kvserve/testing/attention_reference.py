@@ -1,24 +1,106 @@
-"""A plain PyTorch reference for paged attention, and a builder of random paged batches."""
+"""Plain PyTorch paged attention: the reference math, random paged batches, and a reference backend.
+
+Everything here favours being obviously right over being fast: attention is computed in
+float64 from explicit positions, and K/V are gathered token by token through block tables.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from kvserve.interfaces import AttentionBatch
+from kvserve.interfaces import AttentionBackend, AttentionBatch
+
+
+def token_slots(block_table: Sequence[int] | torch.Tensor, start: int, end: int, block_size: int) -> torch.Tensor:
+    """int64 cache slots of positions ``start .. end-1``: ``table[p // block_size] * block_size + p % block_size``."""
+    table = torch.as_tensor(block_table, dtype=torch.int64).cpu()
+    positions = torch.arange(start, end)
+    return table[positions // block_size] * block_size + positions % block_size
+
+
+def build_batch(
+    block_tables: Sequence[Sequence[int]],
+    context_lens: Sequence[int],
+    query_lens: Sequence[int],
+    block_size: int,
+    device: torch.device | str = "cpu",
+) -> AttentionBatch:
+    """The :class:`AttentionBatch` of sequences that each add ``query_lens[i]`` tokens after
+    ``context_lens[i]`` cached ones; short tables are padded with the null block 0."""
+    starts = [0]
+    for n in query_lens:
+        starts.append(starts[-1] + n)
+    seq_lens = [c + q for c, q in zip(context_lens, query_lens)]
+    width = max((len(t) for t in block_tables), default=0)
+    tables = torch.zeros(len(block_tables), max(width, 1), dtype=torch.int32)
+    for row, table in enumerate(block_tables):
+        tables[row, : len(table)] = torch.as_tensor(list(table), dtype=torch.int32)
+    slots = [token_slots(t, c, n, block_size) for t, c, n in zip(block_tables, context_lens, seq_lens)]
+    return AttentionBatch(
+        query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        context_lens=torch.tensor(list(context_lens), dtype=torch.int32, device=device),
+        block_tables=tables.to(device),
+        slot_mapping=torch.cat(slots).to(device) if slots else torch.zeros(0, dtype=torch.int64, device=device),
+        query_start_loc_host=starts,
+        seq_lens_host=seq_lens,
+        block_size=block_size,
+    )
+
+
+def causal_attention(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    context_len: int,
+    scale: float,
+    *,
+    kv_head_of: torch.Tensor | None = None,
+    mask_shift: int = 0,
+) -> torch.Tensor:
+    """float64 attention of ``query`` ``[q, heads, d]`` over ``keys``/``values`` ``[L, kv_heads, d]``.
+
+    Keys sit at positions ``0 .. L-1``; query ``i`` sits at position ``context_len + i`` and
+    sees the keys at positions ``<= context_len + i``. Query head ``h`` reads KV head
+    ``h // (heads // kv_heads)``. ``kv_head_of`` and ``mask_shift`` replace those rules; they
+    exist to recognise plausible bugs in failure messages, not for correct use.
+    """
+    num_heads, num_kv_heads = query.shape[1], keys.shape[1]
+    if kv_head_of is None:
+        kv_head_of = torch.arange(num_heads) // (num_heads // num_kv_heads)
+    k = keys.double().cpu()[:, kv_head_of]
+    v = values.double().cpu()[:, kv_head_of]
+    scores = torch.einsum("qhd,khd->hqk", query.double().cpu(), k) * scale
+    query_pos = torch.arange(context_len, context_len + query.shape[0])
+    visible = torch.arange(k.shape[0])[None, :] <= query_pos[:, None] + mask_shift
+    probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)
+    # Only a mask_shift < 0 variant can leave a query seeing nothing: it then attends to nothing.
+    return torch.einsum("hqk,khd->qhd", probs.nan_to_num(0.0), v)
 
 
 @dataclass
 class PagedCase:
-    """A random batch: per-sequence full K/V and queries, with block tables drawn at random."""
+    """A random batch: queries and this step's K/V, each sequence's cached K/V, and the batch
+    description on randomly permuted block tables (block 0, the null block, is never used)."""
 
     batch: AttentionBatch
-    query: torch.Tensor  # [num_tokens, heads, d]
-    key: torch.Tensor  # new tokens only, [num_tokens, kv_heads, d]
+    query: torch.Tensor
+    """``[num_tokens, heads, d]``"""
+    key: torch.Tensor
+    """This step's keys, ``[num_tokens, kv_heads, d]``."""
     value: torch.Tensor
-    past_keys: list[torch.Tensor]  # per sequence, [context_len, kv_heads, d]
+    past_keys: list[torch.Tensor]
+    """Per sequence, the keys of its ``context_len`` cached tokens, ``[context_len, kv_heads, d]``."""
     past_values: list[torch.Tensor]
+    tables: list[list[int]]
+    """Per sequence, the physical blocks of its tokens in order."""
+
+    @property
+    def context_lens(self) -> list[int]:
+        return [s - q for s, q in zip(self.batch.seq_lens_host, self.batch.query_lens_host)]
 
 
 def make_paged_case(
@@ -30,76 +112,99 @@ def make_paged_case(
     num_blocks: int,
     dtype: torch.dtype = torch.float32,
     seed: int = 0,
+    device: torch.device | str = "cpu",
 ) -> PagedCase:
-    """``seqs`` lists ``(context_len, query_len)`` per sequence; block 0 is never used (null block)."""
+    """``seqs`` lists ``(context_len, query_len)`` per sequence; blocks are drawn at random from 1 .. num_blocks-1."""
     gen = torch.Generator().manual_seed(seed)
     needed = [-(-(c + q) // block_size) for c, q in seqs]
     if sum(needed) > num_blocks - 1:
-        raise ValueError("not enough blocks for this case")
+        raise ValueError(f"not enough blocks for this case: {sum(needed)} needed, {num_blocks - 1} usable")
     free = (torch.randperm(num_blocks - 1, generator=gen) + 1).tolist()
     tables = [[free.pop() for _ in range(n)] for n in needed]
-    width = max(needed)
-    block_tables = torch.zeros(len(seqs), width, dtype=torch.int32)
-    for i, table in enumerate(tables):
-        block_tables[i, : len(table)] = torch.tensor(table, dtype=torch.int32)
-    starts, slots = [0], []
-    for (context, q), table in zip(seqs, tables):
-        starts.append(starts[-1] + q)
-        slots += [table[p // block_size] * block_size + p % block_size for p in range(context, context + q)]
-    num_tokens = starts[-1]
+    num_tokens = sum(q for _, q in seqs)
 
     def rand(*shape):
-        return torch.randn(*shape, generator=gen).to(dtype)
+        return torch.randn(*shape, generator=gen).to(dtype).to(device)
 
-    batch = AttentionBatch(
-        query_start_loc=torch.tensor(starts, dtype=torch.int32),
-        seq_lens=torch.tensor([c + q for c, q in seqs], dtype=torch.int32),
-        context_lens=torch.tensor([c for c, _ in seqs], dtype=torch.int32),
-        block_tables=block_tables,
-        slot_mapping=torch.tensor(slots, dtype=torch.int64),
-        query_start_loc_host=starts,
-        seq_lens_host=[c + q for c, q in seqs],
-        block_size=block_size,
-    )
     return PagedCase(
-        batch=batch,
+        batch=build_batch(tables, [c for c, _ in seqs], [q for _, q in seqs], block_size, device),
         query=rand(num_tokens, num_heads, head_dim),
         key=rand(num_tokens, num_kv_heads, head_dim),
         value=rand(num_tokens, num_kv_heads, head_dim),
         past_keys=[rand(c, num_kv_heads, head_dim) for c, _ in seqs],
         past_values=[rand(c, num_kv_heads, head_dim) for c, _ in seqs],
+        tables=tables,
     )
 
 
-def reference_attention(case: PagedCase, scale: float) -> torch.Tensor:
-    """Causal attention computed per sequence and per head in float64, with explicit loops."""
+def past_batch(case: PagedCase) -> tuple[AttentionBatch, torch.Tensor, torch.Tensor] | None:
+    """A prefill batch that stores every sequence's cached tokens, with their keys and values
+    (None when no sequence has any): how a test fills the cache through ``write_kv``."""
+    rows = [i for i, c in enumerate(case.context_lens) if c]
+    if not rows:
+        return None
+    batch = build_batch(
+        [case.tables[i] for i in rows],
+        [0] * len(rows),
+        [case.context_lens[i] for i in rows],
+        case.batch.block_size,
+        case.batch.slot_mapping.device,
+    )
+    return batch, torch.cat([case.past_keys[i] for i in rows]), torch.cat([case.past_values[i] for i in rows])
+
+
+def reference_attention(case: PagedCase, scale: float, **variant) -> torch.Tensor:
+    """float64 ``[num_tokens, heads, d]``: each sequence's queries over its cached plus new K/V.
+
+    ``variant`` is passed to :func:`causal_attention` (to name a bug, see there).
+    """
     batch = case.batch
     out = torch.empty(case.query.shape, dtype=torch.float64)
-    num_heads, num_kv_heads = case.query.shape[1], case.key.shape[1]
-    group = num_heads // num_kv_heads
-    for i in range(batch.num_seqs):
+    for i, context in enumerate(case.context_lens):
         start, end = batch.query_start_loc_host[i], batch.query_start_loc_host[i + 1]
-        keys = torch.cat([case.past_keys[i], case.key[start:end]]).double()
-        values = torch.cat([case.past_values[i], case.value[start:end]]).double()
-        context = batch.seq_lens_host[i] - (end - start)
-        for h in range(num_heads):
-            q = case.query[start:end, h].double()
-            scores = q @ keys[:, h // group].T * scale
-            positions = torch.arange(context, context + end - start)[:, None]
-            scores = scores.masked_fill(torch.arange(keys.shape[0])[None, :] > positions, float("-inf"))
-            out[start:end, h] = scores.softmax(-1) @ values[:, h // group]
+        keys = torch.cat([case.past_keys[i], case.key[start:end]])
+        values = torch.cat([case.past_values[i], case.value[start:end]])
+        out[start:end] = causal_attention(case.query[start:end], keys, values, context, scale, **variant)
     return out
 
 
-def write_past_kv(case: PagedCase, write_slots) -> None:
-    """Place every sequence's past K/V in the cache through ``write_slots(key, value, slots)``."""
-    batch = case.batch
-    for i in range(batch.num_seqs):
-        context = batch.seq_lens_host[i] - batch.query_lens_host[i]
-        if context == 0:
-            continue
-        table = batch.block_tables[i].tolist()
-        slots = torch.tensor(
-            [table[p // batch.block_size] * batch.block_size + p % batch.block_size for p in range(context)]
-        )
-        write_slots(case.past_keys[i], case.past_values[i], slots)
+class ReferenceAttentionBackend(AttentionBackend):
+    """A slow, obviously correct backend: each sequence's K/V is gathered slot by slot through
+    its block table and attended with :func:`causal_attention`.
+
+    Not registered as a plugin: the model contract and :class:`~kvserve.testing.paged_model.PagedSequences`
+    use it so that model tests do not depend on an attention plugin. Layout ``(2, blocks, block_size,
+    kv_heads, d)``: K then V.
+    """
+
+    name = "reference"
+    device_types = ("cpu", "cuda")
+    supported_dtypes = ("float32", "bfloat16", "float16")
+
+    @classmethod
+    def kv_cache_shape(cls, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
+        return (2, num_blocks, block_size, num_kv_heads, head_dim)
+
+    def build_metadata(self, batch: AttentionBatch) -> AttentionBatch:
+        return batch
+
+    def write_kv(
+        self, kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, metadata: AttentionBatch
+    ) -> None:
+        slots = metadata.slot_mapping
+        kv_cache[0].view(-1, *key.shape[1:])[slots] = key.to(kv_cache.dtype)
+        kv_cache[1].view(-1, *value.shape[1:])[slots] = value.to(kv_cache.dtype)
+
+    def forward(self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionBatch, scale: float):
+        batch = metadata
+        keys_by_slot = kv_cache[0].flatten(0, 1)
+        values_by_slot = kv_cache[1].flatten(0, 1)
+        out = torch.empty_like(query)
+        for i, seq_len in enumerate(batch.seq_lens_host):
+            start, end = batch.query_start_loc_host[i], batch.query_start_loc_host[i + 1]
+            slots = token_slots(batch.block_tables[i], 0, seq_len, batch.block_size).to(kv_cache.device)
+            attended = causal_attention(
+                query[start:end], keys_by_slot[slots], values_by_slot[slots], seq_len - (end - start), scale
+            )
+            out[start:end] = attended.to(query.dtype)
+        return out

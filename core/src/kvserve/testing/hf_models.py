@@ -48,33 +48,64 @@ def build_tokenizer(path: Path, vocab_size: int = TINY_VOCAB) -> Any:
     return fast
 
 
-def build_tiny_model(arch: str, path: Path, seed: int = 0, **overrides: Any) -> Path:
-    """Save a random ``arch`` model (``"llama"``, ``"mistral"``, ``"qwen2"``, ``"qwen3"``) to ``path``.
+# Config fields some model types need for a tiny model (by ``model_type``).
+_TYPE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "mistral": {"sliding_window": None},
+    "qwen3": {"head_dim": 32},  # decoupled from hidden_size / heads, as in the real Qwen3
+}
 
+
+def build_tiny_model(
+    arch: str,
+    path: Path,
+    seed: int = 0,
+    *,
+    randomize_vectors: bool = False,
+    registered_as: str | None = None,
+    **overrides: Any,
+) -> Path:
+    """Save a small random HF checkpoint (config.json, safetensors, tokenizer files) to ``path``.
+
+    ``arch`` is a transformers model type (``"llama"``, ``"mistral"``, ``"qwen2"``, ``"qwen3"``,
+    ...) or a transformers model class name (``"LlamaForCausalLM"``, ``"GPT2LMHeadModel"``).
     ``overrides`` change config fields, e.g. ``num_key_value_heads=4`` (MHA) or
-    ``tie_word_embeddings=True``.
+    ``tie_word_embeddings=True``. ``randomize_vectors`` also draws biases and norm weights at
+    random, so a loader that dropped them would be noticed. ``registered_as`` rewrites the
+    config's ``architectures`` (for a plugin registered under its own name).
     """
     import torch
     import transformers
 
-    config_cls = {
-        "llama": transformers.LlamaConfig,
-        "mistral": transformers.MistralConfig,
-        "qwen2": transformers.Qwen2Config,
-        "qwen3": transformers.Qwen3Config,
-    }[arch]
-    fields = dict(_BASE, **overrides)
-    if arch == "mistral":
-        fields.setdefault("sliding_window", None)
-    if arch == "qwen3":
-        fields.setdefault("head_dim", 32)
+    model_cls = None
+    if arch in transformers.CONFIG_MAPPING:
+        config_cls = transformers.CONFIG_MAPPING[arch]
+    else:
+        model_cls = getattr(transformers, arch, None)
+        config_cls = getattr(model_cls, "config_class", None)
+        if config_cls is None:
+            raise ValueError(
+                f"unknown architecture {arch!r}: give a transformers model type ('llama') "
+                "or model class name ('LlamaForCausalLM')"
+            )
+    known = set(config_cls().to_dict()) | set(config_cls.attribute_map)
+    fields = {k: v for k, v in _BASE.items() if k in known}  # e.g. GPT-2 has no KV head count
+    fields.update(_TYPE_DEFAULTS.get(config_cls.model_type, {}))
+    fields.update(overrides)
     config = config_cls(**fields)
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if model_cls is None:
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    else:
+        model = model_cls(config).float()
     with torch.no_grad():  # HF's init is tiny; widen it so logits are not near-ties everywhere
         for param in model.parameters():
             if param.dim() > 1:
                 param.normal_(0.0, 0.15)
+            elif randomize_vectors:
+                base = 1.0 if bool((param == 1).all()) else 0.0  # norm gains start at 1, biases at 0
+                param.copy_(base + 0.3 * torch.randn(param.shape))
+    if registered_as is not None:
+        model.config.architectures = [registered_as]
     model.save_pretrained(path, safe_serialization=True)
     build_tokenizer(path, config.vocab_size)
     return path

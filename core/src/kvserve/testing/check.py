@@ -1,0 +1,175 @@
+"""Running contract suites against installed plugins: the machinery of ``kvserve plugins check``.
+
+The command never needs a plugin's own tests: for each installed component it generates a
+test module whose classes are :func:`contract_for` the component, runs pytest on it in a
+subprocess (a fresh process, as the engine's would be), and reads the JUnit report to name
+the contracts that failed. Importing this module does not import torch or pytest.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvserve.errors import PluginError
+from kvserve.plugins import KINDS, get_plugin_manager
+from kvserve.testing.contracts import CONTRACTS
+
+CONTRACT_FACT = "contract"
+"""Registration fact naming a plugin's own contract subclass (``"module:Class"``)."""
+
+
+def _import(target: str) -> type:
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def contract_for(kind: str, name: str) -> type:
+    """A pytest test class running ``kind``'s contract against the installed component ``name``.
+
+    If the registration carries the fact ``contract="module:Class"`` (a subclass of the kind's
+    contract that the plugin ships, e.g. a quantization method's reference quantize/dequantize),
+    that class is used; otherwise the generic contract.
+    """
+    info = CONTRACTS[kind]
+    base = _import(info.target)
+    registration = get_plugin_manager().registry(kind).get(name)  # raises with the registry's reason
+    custom = registration.facts.get(CONTRACT_FACT)
+    if custom:
+        contract = _import(custom)
+        if not (isinstance(contract, type) and issubclass(contract, base)):
+            raise PluginError(
+                f"{registration.describe()} names contract {custom!r}, which is not a subclass of {info.class_name}"
+            )
+        base = contract
+    class_name = test_class_name(kind, name)
+    return type(class_name, (base,), {info.name_attribute: name, "__qualname__": class_name})
+
+
+def test_class_name(kind: str, name: str) -> str:
+    """``TestAttentionBackend_cpu``: the generated class for ``kind`` / ``name``."""
+    contract = CONTRACTS[kind].class_name.removesuffix("Contract")
+    return f"Test{contract}_{re.sub(r'[^0-9A-Za-z_]', '_', name)}"
+
+
+@dataclass
+class Target:
+    """An installed component a contract applies to (or a plugin that cannot be checked)."""
+
+    kind: str
+    name: str
+    plugin: str
+    package: str
+    version: str
+    contract: str
+    problem: str | None = None
+    results: dict[str, list[str]] = field(default_factory=lambda: {"passed": [], "failed": [], "skipped": []})
+    failures: list[str] = field(default_factory=list)
+    """First line of each failure message."""
+
+    @property
+    def class_name(self) -> str:
+        return test_class_name(self.kind, self.name)
+
+    @property
+    def ok(self) -> bool:
+        return self.problem is None and not self.results["failed"]
+
+    def matches(self, selector: str) -> bool:
+        """``selector`` is a component name, ``kind:name``, a plugin (entry point) or a package name."""
+        normal = _normalize(selector)
+        kind, sep, name = selector.partition(":")
+        if sep:
+            return kind == self.kind and name == self.name
+        return selector == self.name or normal in (_normalize(self.plugin), _normalize(self.package))
+
+
+def _normalize(name: str) -> str:
+    return name.lower().replace("_", "-")
+
+
+def installed_targets() -> list[Target]:
+    """Every registered component with its contract, plus plugins that failed to import."""
+    manager = get_plugin_manager()
+    targets = []
+    for kind in KINDS:
+        for reg in manager.registry(kind).entries():
+            contract = reg.facts.get(CONTRACT_FACT) or CONTRACTS[kind].class_name
+            targets.append(Target(kind, reg.name, reg.plugin, reg.package, reg.version, contract, reg.problem))
+    for info in manager.plugins.values():
+        if info.status.startswith("failed"):
+            targets.append(Target("-", "-", info.name, info.package, info.version, "-", info.status))
+    return targets
+
+
+def select(targets: list[Target], selectors: Sequence[str]) -> tuple[list[Target], list[str]]:
+    """The targets matching any selector (all without selectors), and the selectors matching none."""
+    if not selectors:
+        return targets, []
+    chosen = [t for t in targets if any(t.matches(s) for s in selectors)]
+    unmatched = [s for s in selectors if not any(t.matches(s) for t in targets)]
+    return chosen, unmatched
+
+
+def write_suite(targets: list[Target], directory: Path) -> Path:
+    """A pytest module with one contract class per target (targets with a problem are left out)."""
+    lines = [
+        '"""Generated by `kvserve plugins check`: the contract suites of installed plugins."""',
+        "from kvserve.testing.check import contract_for",
+        "",
+    ]
+    for target in targets:
+        if target.problem is None:
+            lines.append(f"{target.class_name} = contract_for({target.kind!r}, {target.name!r})")
+    (directory / "pytest.ini").write_text("[pytest]\nfilterwarnings = ignore::DeprecationWarning\n")
+    module = directory / "test_kvserve_contracts.py"
+    module.write_text("\n".join(lines) + "\n")
+    return module
+
+
+def run_checks(targets: list[Target], pytest_args: Sequence[str] = ()) -> int:
+    """Run the contracts of ``targets`` in a pytest subprocess and record each target's results.
+
+    Returns pytest's exit code (0: every check passed or was skipped, 1: some failed, other:
+    pytest could not run). Output streams to this process's stdout/stderr as pytest runs.
+    """
+    runnable = [t for t in targets if t.problem is None]
+    if not runnable:
+        return 0
+    with tempfile.TemporaryDirectory(prefix="kvserve-check-") as tmp:
+        directory = Path(tmp)
+        module = write_suite(runnable, directory)
+        report = directory / "report.xml"
+        command = [
+            sys.executable, "-m", "pytest", str(module),
+            "-c", str(directory / "pytest.ini"), "--rootdir", str(directory),
+            "-p", "no:cacheprovider", f"--junitxml={report}", "-o", "junit_family=xunit2",
+            "--tb=short", *pytest_args,
+        ]  # fmt: skip
+        code = subprocess.run(command, cwd=directory).returncode
+        if report.exists():
+            _read_report(report, {t.class_name: t for t in runnable})
+    return code
+
+
+def _read_report(report: Path, by_class: dict[str, Target]) -> None:
+    for case in ET.parse(report).getroot().iter("testcase"):
+        target = by_class.get(case.get("classname", "").rpartition(".")[2])
+        if target is None:
+            continue
+        outcome = "passed"
+        for child in case:
+            if child.tag in ("failure", "error"):
+                outcome = "failed"
+                message = (child.get("message") or child.text or "").strip().splitlines()
+                target.failures.append(f"{case.get('name')}: {message[0] if message else child.tag}")
+            elif child.tag == "skipped":
+                outcome = "skipped"
+        target.results[outcome].append(case.get("name", "?"))

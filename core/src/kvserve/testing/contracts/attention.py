@@ -1,0 +1,447 @@
+"""The AttentionBackend contract: the same numbers as a float64 reference, on real paged batches."""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from typing import Any, ClassVar, NamedTuple
+
+import pytest
+import torch
+
+from kvserve.interfaces import AttentionBackend, AttentionSpec, Platform
+from kvserve.plugins import get_plugin_manager, load_component
+from kvserve.testing.attention_reference import PagedCase, make_paged_case, past_batch, reference_attention
+from kvserve.testing.contracts._base import ComponentContract, violation
+
+SCENARIOS: dict[str, list[tuple[int, int]]] = {
+    "prefill": [(0, 7), (0, 13), (0, 2)],
+    "decode": [(5, 1), (20, 1), (40, 1), (1, 1), (63, 1)],
+    "chunked": [(8, 5), (17, 16), (3, 9)],
+    "mixed": [(0, 7), (5, 1), (20, 1), (3, 9), (40, 1), (0, 1)],
+}
+"""Batches as ``(cached tokens, new tokens)`` per sequence: prefills, decodes, chunked prefills
+(queries starting mid-sequence) and all of them mixed in one batch."""
+
+HEAD_LAYOUTS: dict[str, tuple[int, int]] = {"mha": (4, 4), "gqa": (8, 2), "mqa": (4, 1)}
+"""``(query heads, KV heads)``."""
+
+
+class AttentionCase(NamedTuple):
+    scenario: str
+    layout: str
+    head_dim: int
+    block_size: int
+    dtype: str
+
+    def __str__(self) -> str:
+        return f"{self.scenario}-{self.layout}-d{self.head_dim}-bs{self.block_size}-{self.dtype}"
+
+
+class _NowherePlatform(Platform):
+    """A platform no real backend runs on, to ask backends for their refusal reasons."""
+
+    name = "nowhere"
+    device_type = "nowhere"
+    supported_dtypes = ("float32",)
+    default_dtype = "float32"
+    preferred_attention_backends = ()
+    distributed_backend = "gloo"
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        return "not a real device"
+
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    def kv_cache_memory_bytes(self) -> int:
+        return 0
+
+    def synchronize(self) -> None:
+        """Nothing runs here."""
+
+    def seed_everything(self, seed: int) -> None:
+        """Nothing runs here."""
+
+
+class AttentionBackendContract(ComponentContract):
+    """Every attention backend plugin must pass this. Subclass it and name the backend::
+
+        class TestMyBackend(AttentionBackendContract):
+            backend = "my_backend"
+
+    What is checked, on batches whose block tables are random permutations of the cache's
+    blocks (block 0, the null block, pads the tables and holds garbage, as does every slot
+    not written), with this step's K/V written by ``write_kv`` before ``forward``:
+
+    - ``forward`` equals a float64 reference (:func:`~kvserve.testing.attention_reference.causal_attention`)
+      for pure prefills, pure decodes, chunked prefills (queries starting mid-sequence) and
+      mixed batches; MHA, GQA and MQA; head sizes :attr:`head_sizes`; the block sizes the
+      backend claims (``default_block_size`` and ``3 * block_size_multiple``); dtypes
+      :attr:`dtypes` within :attr:`tolerances`. A configuration the backend refuses through
+      ``unsupported_reasons`` is skipped with those reasons. On a mismatch the message names
+      the sequences that differ (prefill, chunked prefill or decode) and, when the output
+      matches a known bug (causal mask off by one, no causal mask, GQA head mapping, cached
+      tokens ignored, scale ignored), that bug;
+    - ``forward`` leaves the cache unchanged; one ``build_metadata`` result serves every layer;
+    - ``write_kv`` changes exactly the K and V rows of the ``slot_mapping`` slots, and each
+      token's K/V lands in its own slot (for caches whose layout :meth:`kv_slots` can read);
+    - ``unsupported_reasons`` returns readable reasons naming what is refused (a dtype, a
+      platform, a block size, a head count) and ``[]`` for what is served; a head size in
+      :attr:`probe_head_sizes` is either refused with a reason naming it or computed correctly;
+    - class facts are consistent (registry name, device types, dtypes, block sizes, cache shape).
+
+    Tests run on the first installed, available platform whose device type the backend
+    supports (or :attr:`platform_name`); without one they are skipped with the reason.
+    """
+
+    kind = "attention_backend"
+    backend: ClassVar[str]
+    """Registry name of the backend under test."""
+    platform_name: ClassVar[str | None] = None
+    """Platform to run on; None: the first available platform the backend supports."""
+    head_sizes: ClassVar[tuple[int, ...]] = (64, 128)
+    probe_head_sizes: ClassVar[tuple[int, ...]] = (32, 80, 256)
+    """Less common head sizes: served correctly, or refused with a reason naming the size."""
+    dtypes: ClassVar[tuple[str, ...]] = ("float32", "bfloat16")
+    tolerances: ClassVar[dict[str, tuple[float, float]]] = {
+        "float32": (2e-5, 2e-5),
+        "bfloat16": (2e-2, 2e-2),
+        "float16": (2e-3, 2e-3),
+    }
+    """``(atol, rtol)`` against the float64 reference computed from the same (rounded) inputs."""
+
+    # -- hooks -----------------------------------------------------------------------------
+    @classmethod
+    def block_sizes(cls, component: type[AttentionBackend]) -> list[int]:
+        """Block sizes to test: the default one and a small odd multiple of ``block_size_multiple``."""
+        return sorted({component.default_block_size, 3 * component.block_size_multiple})
+
+    def kv_slots(
+        self, kv_cache: torch.Tensor, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """K and V of every slot, each ``[num_blocks * block_size, num_kv_heads, head_dim]``, read
+        from a cache in the backend's layout; None when the layout is not understood.
+
+        The default understands every permutation of ``(2, num_blocks, block_size, num_kv_heads,
+        head_dim)`` (the test picks distinct sizes). Override it for packed layouts, or the exact
+        per-slot check of ``write_kv`` is skipped with a warning.
+        """
+        canonical = (2, num_blocks, block_size, num_kv_heads, head_dim)
+        shape = tuple(kv_cache.shape)
+        if len(set(canonical)) < len(canonical) or sorted(shape) != sorted(canonical):
+            return None
+        view = kv_cache.permute([shape.index(size) for size in canonical])
+        num_slots = num_blocks * block_size
+        return view[0].reshape(num_slots, num_kv_heads, head_dim), view[1].reshape(num_slots, num_kv_heads, head_dim)
+
+    # -- fixtures and helpers --------------------------------------------------------------
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        try:
+            block_sizes = self.block_sizes(type(self).load_component())
+        except Exception:  # the component fixture reports why the backend cannot be loaded
+            block_sizes = [16]
+        if "case" in metafunc.fixturenames:
+            cases = [
+                AttentionCase(scenario, layout, head_dim, block_size, dtype)
+                for scenario in SCENARIOS
+                for layout in HEAD_LAYOUTS
+                for head_dim in self.head_sizes
+                for block_size in block_sizes
+                for dtype in self.dtypes
+            ]
+            metafunc.parametrize("case", cases, ids=str)
+        if "dtype" in metafunc.fixturenames:
+            metafunc.parametrize("dtype", self.dtypes)
+        if "probe_head_size" in metafunc.fixturenames:
+            metafunc.parametrize("probe_head_size", self.probe_head_sizes)
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def target_platform(cls, component) -> Platform:
+        """An instance of the platform the backend runs on in these tests."""
+        names = [cls.platform_name] if cls.platform_name else get_plugin_manager().registry("platform").names()
+        tried = []
+        for name in names:
+            platform_cls = load_component("platform", name)
+            if platform_cls.device_type not in component.device_types:
+                tried.append(f"{name}: device type {platform_cls.device_type!r}")
+                continue
+            reason = platform_cls.unavailable_reason()
+            if reason is not None:
+                tried.append(f"{name}: {reason}")
+                continue
+            return platform_cls()
+        pytest.skip(
+            f"no available platform for attention backend {cls.backend!r} "
+            f"(it runs on {', '.join(component.device_types)}; installed: {'; '.join(tried) or 'none'})"
+        )
+
+    def spec(self, platform: Platform, layout: tuple[int, int], head_dim: int, dtype: str, block_size: int):
+        return AttentionSpec(layout[0], layout[1], head_dim, getattr(torch, dtype), block_size, platform.device())
+
+    def require_served(self, component, spec: AttentionSpec, platform: Platform) -> None:
+        reasons = component.unsupported_reasons(spec, platform)
+        if reasons:
+            pytest.skip(f"backend refuses this configuration: {'; '.join(reasons)}")
+
+    def run_case(self, component, platform, spec: AttentionSpec, seqs, seed: int, num_layers: int = 1):
+        """Write the cached and new K/V of a random case through the backend and run ``forward``.
+
+        Returns ``(cases, outputs)``, one per layer; all layers share one ``build_metadata``.
+        """
+        device = spec.device
+        blocks_needed = sum(-(-(c + q) // spec.block_size) for c, q in seqs)
+        num_blocks = 2 * blocks_needed + 2  # half the blocks stay unused, filled with garbage
+        backend = component(spec)
+        shape = component.kv_cache_shape(num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)
+        cases, caches = [], []
+        for layer in range(num_layers):
+            case = make_paged_case(
+                seqs, spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.block_size, num_blocks,
+                spec.dtype, seed=seed * 7 + layer, device=device,
+            )  # fmt: skip
+            if layer:  # every layer shares the first layer's batch (block tables, slots)
+                case = dataclasses.replace(case, batch=cases[0].batch, tables=cases[0].tables)
+            cache = garbage_cache(shape, spec.dtype, device, seed)
+            past = past_batch(case)
+            if past is not None:
+                batch, keys, values = past
+                backend.write_kv(cache, keys, values, backend.build_metadata(batch))
+            cases.append(case)
+            caches.append(cache)
+        metadata = backend.build_metadata(cases[0].batch)
+        outputs = []
+        for case, cache in zip(cases, caches):
+            backend.write_kv(cache, case.key, case.value, metadata)
+            before = cache.clone()
+            out = backend.forward(case.query, cache, metadata, spec.head_dim**-0.5)
+            if not torch.equal(cache, before):
+                violation("forward() modified the KV cache; only write_kv may store K/V")
+            expected_shape = (case.batch.num_tokens, spec.num_heads, spec.head_dim)
+            if tuple(out.shape) != expected_shape or out.dtype != spec.dtype:
+                violation(
+                    f"forward() returned {tuple(out.shape)} {out.dtype}; expected {expected_shape} {spec.dtype} "
+                    "([num_tokens, num_heads, head_dim] in the query's dtype)"
+                )
+            outputs.append(out)
+        platform.synchronize()
+        return cases, outputs
+
+    def check_against_reference(self, case: PagedCase, out: torch.Tensor, spec: AttentionSpec, what: str) -> None:
+        """Fail, naming the sequences that differ and the bug that explains them if known."""
+        dtype = str(spec.dtype).removeprefix("torch.")
+        atol, rtol = self.tolerances[dtype]
+        scale = spec.head_dim**-0.5
+        got = out.detach().double().cpu()
+        expected = reference_attention(case, scale)
+        bad = _differing_sequences(case, got, expected, atol, rtol)
+        if not bad:
+            return
+        suspect = _diagnose(case, got, scale, atol, rtol)
+        violation(
+            f"{what}: attention output differs from the float64 reference (atol {atol}, rtol {rtol}) "
+            f"for {len(bad)} of {case.batch.num_seqs} sequences: {'; '.join(bad)}."
+            + (f" The output matches a reference in which {suspect}." if suspect else "")
+        )
+
+    # -- tests -----------------------------------------------------------------------------
+    def test_class_facts_are_consistent(self, component):
+        """``name`` is the registry name; device types, dtypes and block sizes are well formed;
+        ``kv_cache_shape`` holds exactly K and V of every slot (the engine sizes the cache from it)."""
+        assert isinstance(component, type) and issubclass(component, AttentionBackend), (
+            f"{component!r} is not a kvserve.interfaces.AttentionBackend subclass"
+        )
+        assert component.name == self.backend, (
+            f"{component.__name__}.name is {component.name!r}, but it is registered as {self.backend!r}"
+        )
+        assert component.device_types and all(isinstance(d, str) for d in component.device_types), (
+            f"device_types must name torch device types, got {component.device_types!r}"
+        )
+        for dtype in component.supported_dtypes:
+            assert isinstance(getattr(torch, dtype, None), torch.dtype), (
+                f"supported_dtypes entry {dtype!r} is not a torch dtype name"
+            )
+        multiple, default = component.block_size_multiple, component.default_block_size
+        assert multiple >= 1 and default >= 1 and default % multiple == 0, (
+            f"default_block_size {default} must be a positive multiple of block_size_multiple {multiple}"
+        )
+        for num_blocks, block_size, heads, head_dim in [(7, default, 2, 64), (1, default, 8, 128)]:
+            shape = component.kv_cache_shape(num_blocks, block_size, heads, head_dim)
+            assert all(isinstance(n, int) for n in shape), f"kv_cache_shape returned {shape!r}, not ints"
+            size = 2 * num_blocks * block_size * heads * head_dim
+            assert torch.Size(shape).numel() == size, (
+                f"kv_cache_shape({num_blocks}, {block_size}, {heads}, {head_dim}) = {shape} holds "
+                f"{torch.Size(shape).numel()} elements; K and V of every slot are {size}"
+            )
+
+    def test_matches_reference(self, component, target_platform, case: AttentionCase):
+        """``write_kv`` then ``forward`` on a random paged batch equals the float64 reference."""
+        spec = self.spec(target_platform, HEAD_LAYOUTS[case.layout], case.head_dim, case.dtype, case.block_size)
+        self.require_served(component, spec, target_platform)
+        seed = sum(map(ord, str(case)))
+        (paged_case,), (out,) = self.run_case(component, target_platform, spec, SCENARIOS[case.scenario], seed)
+        self.check_against_reference(paged_case, out, spec, str(case))
+
+    def test_one_metadata_serves_every_layer(self, component, target_platform):
+        """``build_metadata`` runs once per step; its result must work for every layer's cache."""
+        block_size = component.default_block_size
+        spec = self.spec(target_platform, HEAD_LAYOUTS["gqa"], self.head_sizes[0], self.dtypes[0], block_size)
+        self.require_served(component, spec, target_platform)
+        cases, outputs = self.run_case(component, target_platform, spec, SCENARIOS["mixed"], seed=3, num_layers=3)
+        for layer, (case, out) in enumerate(zip(cases, outputs)):
+            self.check_against_reference(case, out, spec, f"layer {layer} of 3 sharing one metadata")
+
+    def test_write_kv_stores_exactly_the_slot_mapping(self, component, target_platform, dtype):
+        """``write_kv`` changes the K and V rows of the ``slot_mapping`` slots and nothing else,
+        and each token's K/V lands in its own slot."""
+        block_size = component.default_block_size
+        num_blocks = 41 if block_size == 37 else 37
+        kv_heads = next(h for h in (3, 5, 6, 7) if h not in (2, num_blocks, block_size, self.head_sizes[0]))
+        spec = self.spec(target_platform, (2 * kv_heads, kv_heads), self.head_sizes[0], dtype, block_size)
+        self.require_served(component, spec, target_platform)
+        case = make_paged_case(
+            SCENARIOS["mixed"], spec.num_heads, kv_heads, spec.head_dim, block_size, num_blocks, spec.dtype,
+            seed=5, device=spec.device,
+        )  # fmt: skip
+        backend = component(spec)
+        cache = garbage_cache(
+            component.kv_cache_shape(num_blocks, block_size, kv_heads, spec.head_dim), spec.dtype, spec.device, 5
+        )
+        before = cache.clone()
+        backend.write_kv(cache, case.key, case.value, backend.build_metadata(case.batch))
+        target_platform.synchronize()
+        num_tokens = case.batch.num_tokens
+        changed = int((cache != before).sum())
+        expected = num_tokens * 2 * kv_heads * spec.head_dim
+        assert changed == expected, (
+            f"write_kv changed {changed} cache elements; storing K and V of {num_tokens} tokens in their "
+            f"slot_mapping slots changes exactly {expected}"
+            + (" (it wrote outside those slots)" if changed > expected else " (some K/V rows were not written)")
+        )
+        slots = self.kv_slots(cache, num_blocks, block_size, kv_heads, spec.head_dim)
+        if slots is None:
+            warnings.warn(
+                f"kv cache layout {tuple(cache.shape)} not understood: override kv_slots() in "
+                f"{type(self).__name__} to check where each token lands",
+                pytest.PytestWarning,
+                stacklevel=1,
+            )
+            return
+        old_slots = self.kv_slots(before, num_blocks, block_size, kv_heads, spec.head_dim)
+        slot_mapping = case.batch.slot_mapping.cpu().tolist()
+        for which, stored, new, old in [
+            ("key", slots[0], case.key, old_slots[0]),
+            ("value", slots[1], case.value, old_slots[1]),
+        ]:
+            stored, new = stored.cpu(), new.to(spec.dtype).cpu()
+            for token, slot in enumerate(slot_mapping):
+                if not torch.equal(stored[slot], new[token]):
+                    found = [s for s in range(stored.shape[0]) if torch.equal(stored[s], new[token])]
+                    violation(
+                        f"write_kv put token {token}'s {which} in slot(s) {found or 'none'} instead of slot "
+                        f"{slot} (block {slot // block_size}, offset {slot % block_size}) given by slot_mapping"
+                    )
+            untouched = torch.ones(stored.shape[0], dtype=torch.bool)
+            untouched[slot_mapping] = False
+            assert torch.equal(stored[untouched], old[untouched].cpu()), (
+                f"write_kv changed the {which} of slots outside slot_mapping"
+            )
+
+    def test_unsupported_reasons_name_what_is_refused(self, component, target_platform):
+        """Refusals come as readable reasons naming the refused dtype, platform, block size and
+        head counts; a configuration the backend serves gets ``[]``."""
+        default_bs = component.default_block_size
+        served_dtype = next((d for d in self.dtypes if d in component.supported_dtypes), None)
+        if served_dtype is None:
+            pytest.skip(f"the backend serves none of {self.dtypes}; set dtypes in {type(self).__name__}")
+        good = self.spec(target_platform, HEAD_LAYOUTS["gqa"], self.head_sizes[0], served_dtype, default_bs)
+        reasons = component.unsupported_reasons(good, target_platform)
+        assert reasons == [], f"unsupported_reasons must return [] for a served configuration, got {reasons!r}"
+
+        def refused(spec: AttentionSpec, platform: Platform, *words: str) -> None:
+            got = component.unsupported_reasons(spec, platform)
+            assert isinstance(got, list) and got, f"{spec} on {platform.name!r} must be refused with a reason"
+            for reason in got:
+                assert isinstance(reason, str) and reason.strip() and "\n" not in reason, (
+                    f"each reason must be a one-line sentence, got {reason!r}"
+                )
+            assert any(w in r for r in got for w in words), f"no reason among {got!r} names any of {words}"
+
+        refused(dataclasses.replace(good, dtype=torch.float64), target_platform, "float64")
+        refused(good, _NowherePlatform(), "nowhere")
+        refused(dataclasses.replace(good, num_heads=6, num_kv_heads=4), target_platform, "6", "4")
+        if component.block_size_multiple > 1:
+            odd = component.block_size_multiple + 1
+            refused(dataclasses.replace(good, block_size=odd), target_platform, str(odd))
+
+    def test_head_size_is_served_or_refused_with_reason(self, component, target_platform, probe_head_size):
+        """A less common head size is either computed correctly or refused with a reason naming it."""
+        dtype = next((d for d in self.dtypes if d in component.supported_dtypes), self.dtypes[0])
+        spec = self.spec(target_platform, HEAD_LAYOUTS["gqa"], probe_head_size, dtype, component.default_block_size)
+        reasons = component.unsupported_reasons(spec, target_platform)
+        if reasons:
+            assert any(str(probe_head_size) in r for r in reasons), (
+                f"head size {probe_head_size} is refused, but no reason names it: {reasons!r}"
+            )
+            return
+        (case,), (out,) = self.run_case(component, target_platform, spec, SCENARIOS["mixed"], seed=probe_head_size)
+        self.check_against_reference(case, out, spec, f"head size {probe_head_size}")
+
+
+def garbage_cache(shape: tuple[int, ...], dtype: torch.dtype, device: Any, seed: int) -> torch.Tensor:
+    """A KV cache full of values far from any test K/V (around 50), so stray reads and writes show."""
+    gen = torch.Generator().manual_seed(seed)
+    return (50 + torch.randn(shape, generator=gen)).to(dtype).to(device)
+
+
+def _kind(context: int, query: int) -> str:
+    if query == 1 and context:
+        return "decode"
+    return "chunked prefill" if context else "prefill"
+
+
+def _differing_sequences(case: PagedCase, got: torch.Tensor, expected: torch.Tensor, atol: float, rtol: float):
+    bad = []
+    starts = case.batch.query_start_loc_host
+    for i, context in enumerate(case.context_lens):
+        rows = slice(starts[i], starts[i + 1])
+        err = (got[rows] - expected[rows]).abs()
+        excess = err - (atol + rtol * expected[rows].abs())
+        if not torch.isfinite(got[rows]).all() or (excess > 0).any():
+            query = starts[i + 1] - starts[i]
+            bad.append(f"#{i} {_kind(context, query)} of {query} after {context} cached (max error {err.max():.3g})")
+    return bad
+
+
+def _diagnose(case: PagedCase, got: torch.Tensor, scale: float, atol: float, rtol: float) -> str | None:
+    """The first known bug whose reference reproduces ``got``, if any."""
+    num_heads, num_kv_heads = case.query.shape[1], case.key.shape[1]
+    suspects: list[tuple[str, float, dict[str, Any]]] = [
+        ("the causal mask is off by one: each query also sees the next token", scale, dict(mask_shift=1)),
+        ("the causal mask is off by one: each query misses its own token", scale, dict(mask_shift=-1)),
+        ("there is no causal mask: queries see the later tokens of their sequence", scale, dict(mask_shift=1 << 20)),
+        ("the softmax scale is ignored (1.0 is used)", 1.0, {}),
+    ]
+    if 1 < num_kv_heads < num_heads:
+        wrong_heads = torch.arange(num_heads) % num_kv_heads
+        suspects.append(
+            (
+                "GQA maps query head h to KV head h % num_kv_heads instead of h // (num_heads // num_kv_heads)",
+                scale,
+                dict(kv_head_of=wrong_heads),
+            )
+        )
+    for description, suspect_scale, variant in suspects:
+        if torch.allclose(got, reference_attention(case, suspect_scale, **variant), atol=atol, rtol=rtol):
+            return description
+    no_cache = dataclasses.replace(
+        case,
+        batch=dataclasses.replace(case.batch, seq_lens_host=list(case.batch.query_lens_host)),
+        past_keys=[k[:0] for k in case.past_keys],
+        past_values=[v[:0] for v in case.past_values],
+    )
+    if torch.allclose(got, reference_attention(no_cache, scale), atol=atol, rtol=rtol):
+        return "cached tokens are ignored: queries attend only to this step's tokens"
+    return None

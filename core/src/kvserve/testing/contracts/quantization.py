@@ -1,0 +1,179 @@
+"""The QuantizationMethod contract: layers load the checkpoint's tensors and compute what they encode."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import pytest
+import torch
+
+from kvserve.interfaces import QuantizationMethod
+from kvserve.layers import QuantLinear
+from kvserve.testing.contracts._base import ComponentContract, default_dtype
+
+
+def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
+    """``||got - expected|| / ||expected||`` in float64."""
+    got, expected = got.double(), expected.double()
+    return float((got - expected).norm() / expected.norm())
+
+
+class QuantizationMethodContract(ComponentContract):
+    """Every quantization method plugin must pass this. Subclass it, name the method, and say
+    how its checkpoint tensors encode a weight::
+
+        class TestMyQuant(QuantizationMethodContract):
+            quantization = "my_quant"          # the quant_method name
+            quant_config = {"bits": 8}          # the checkpoint's quantization_config
+            max_error = 0.02                    # accuracy bound against the float weight
+
+            def quantize(self, weight):         # float [out, in] -> checkpoint tensors
+                ...
+            def dequantize(self, tensors):      # checkpoint tensors -> float [out, in]
+                ...
+
+    ``quantize`` and ``dequantize`` are the test's plain reference of the format (the defaults
+    describe dense weights). A layer is built as the engine builds it: ``QuantLinear(in, out,
+    bias, method)`` under the model's default dtype; the checkpoint tensors are copied into the
+    parameters of the same names (as a model's ``load_weights`` does) and
+    ``process_weights_after_loading`` runs. Checked:
+
+    - ``create_weights`` registers exactly the tensors the checkpoint holds, with their shapes
+      and dtypes (a bias as ``bias`` when the layer has one);
+    - ``apply`` equals ``x @ dequantize(checkpoint).T + bias`` within :attr:`reference_tolerance`
+      (relative error), for leading dimensions ``[n]`` and ``[b, n]``, in every dtype of
+      :attr:`dtypes`, returning the input's dtype;
+    - against the original float weight the error stays within :attr:`max_error` (the method's
+      accuracy, which the quantize/dequantize pair defines);
+    - one method instance serves many layers without mixing up their weights.
+    """
+
+    kind = "quantization_method"
+    quantization: ClassVar[str]
+    """Registry name (the ``quant_method`` of HF ``quantization_config``)."""
+    quant_config: ClassVar[dict[str, Any] | None] = None
+    """The checkpoint's ``quantization_config`` the method is constructed with."""
+    shapes: ClassVar[tuple[tuple[int, int], ...]] = ((64, 48), (256, 96))
+    """``(in_features, out_features)`` of the layers tested."""
+    dtypes: ClassVar[tuple[str, ...]] = ("float32", "bfloat16")
+    reference_tolerance: ClassVar[dict[str, float]] = {"float32": 1e-5, "bfloat16": 1e-2, "float16": 2e-3}
+    """Relative error allowed against the dequantized reference, per activation dtype."""
+    max_error: ClassVar[float] = 0.05
+    """Relative error allowed against the float weight (beyond the dtype's reference tolerance)."""
+
+    def quantize(self, weight: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The checkpoint tensors (HF names, without the layer prefix) encoding ``weight`` ``[out, in]``."""
+        return {"weight": weight}
+
+    def dequantize(self, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The float32 weight ``[out, in]`` that checkpoint ``tensors`` encode."""
+        return tensors["weight"].float()
+
+    # -- helpers ---------------------------------------------------------------------------
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        if "shape" in metafunc.fixturenames:
+            metafunc.parametrize("shape", self.shapes, ids=lambda s: f"{s[0]}x{s[1]}")
+        if "dtype" in metafunc.fixturenames:
+            metafunc.parametrize("dtype", self.dtypes)
+
+    def checkpoint(self, in_features: int, out_features: int, bias: bool, seed: int) -> dict[str, torch.Tensor]:
+        """Checkpoint tensors of a random layer (weights of a realistic scale, outliers included)."""
+        gen = torch.Generator().manual_seed(seed)
+        weight = torch.randn(out_features, in_features, generator=gen) * in_features**-0.5
+        weight[0, 0] *= 8  # an outlier, as real checkpoints have
+        tensors = dict(self.quantize(weight))
+        if bias:
+            tensors["bias"] = torch.randn(out_features, generator=gen)
+        return tensors
+
+    def build_layer(self, component: type, method: QuantizationMethod, shape, bias: bool, dtype: str, tensors):
+        """A loaded QuantLinear, built and post-processed as the engine does."""
+        with default_dtype(getattr(torch, dtype)):
+            layer = QuantLinear(shape[0], shape[1], bias, method)
+        own = dict(layer.named_parameters(recurse=False))
+        for name, tensor in tensors.items():
+            own[name].data.copy_(tensor)
+        method.process_weights_after_loading(layer)
+        return layer
+
+    def reference(self, tensors: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        out = x.double() @ self.dequantize(tensors).double().T
+        return out + tensors["bias"].double() if "bias" in tensors else out
+
+    # -- tests -----------------------------------------------------------------------------
+    def test_registered_class_is_a_quantization_method(self, component):
+        """The registry name loads a :class:`kvserve.interfaces.QuantizationMethod` subclass named so."""
+        assert isinstance(component, type) and issubclass(component, QuantizationMethod), (
+            f"{component!r} is not a kvserve.interfaces.QuantizationMethod subclass"
+        )
+        assert component.name == self.quantization, (
+            f"{component.__name__}.name is {component.name!r}, but it is registered as {self.quantization!r}"
+        )
+
+    @pytest.mark.parametrize("bias", [False, True], ids=["no_bias", "bias"])
+    def test_create_weights_registers_the_checkpoint_tensors(self, component, shape, bias):
+        """The layer's parameters are exactly the checkpoint's tensors, with their shapes and dtypes,
+        so a model's ``load_weights`` can copy them in by name."""
+        tensors = self.checkpoint(*shape, bias, seed=0)
+        layer = QuantLinear(shape[0], shape[1], bias, component(self.quant_config))
+        params = dict(layer.named_parameters(recurse=False))
+        assert set(params) == set(tensors), (
+            f"create_weights registered parameters {sorted(params)}, the checkpoint holds {sorted(tensors)}"
+        )
+        for name, tensor in tensors.items():
+            param = params[name]
+            assert param.shape == tensor.shape and param.dtype == tensor.dtype, (
+                f"parameter {name!r} is {tuple(param.shape)} {param.dtype}, "
+                f"the checkpoint tensor {tuple(tensor.shape)} {tensor.dtype}"
+            )
+
+    @pytest.mark.parametrize("bias", [False, True], ids=["no_bias", "bias"])
+    def test_apply_matches_the_dequantized_reference(self, component, shape, bias, dtype):
+        """``apply`` computes ``x @ W.T + b`` for the weight the checkpoint encodes, for any leading
+        dimensions, in the activations' dtype."""
+        tensors = self.checkpoint(*shape, bias, seed=1)
+        layer = self.build_layer(component, component(self.quant_config), shape, bias, dtype, tensors)
+        tolerance = self.reference_tolerance[dtype]
+        for leading in [(5,), (2, 3)]:
+            x = torch.randn(*leading, shape[0], generator=torch.Generator().manual_seed(2)).to(getattr(torch, dtype))
+            with torch.no_grad():
+                y = layer(x)
+            assert tuple(y.shape) == (*leading, shape[1]) and y.dtype == x.dtype, (
+                f"apply() on {tuple(x.shape)} {x.dtype} returned {tuple(y.shape)} {y.dtype}; "
+                f"expected {(*leading, shape[1])} {x.dtype}"
+            )
+            error = relative_error(y, self.reference(tensors, x))
+            assert error <= tolerance, (
+                f"apply() differs from x @ dequantize(checkpoint).T + b by {error:.3g} (relative), "
+                f"more than {tolerance} for {dtype} activations {tuple(x.shape)}"
+            )
+
+    def test_error_against_the_float_weight_is_bounded(self, component, shape):
+        """Quantizing a float weight and applying it stays within :attr:`max_error` of the float layer."""
+        gen = torch.Generator().manual_seed(3)
+        weight = torch.randn(shape[1], shape[0], generator=gen) * shape[0] ** -0.5
+        layer = self.build_layer(
+            component, component(self.quant_config), shape, False, "float32", self.quantize(weight)
+        )
+        x = torch.randn(16, shape[0], generator=gen)
+        with torch.no_grad():
+            error = relative_error(layer(x), x.double() @ weight.double().T)
+        bound = self.max_error + self.reference_tolerance["float32"]
+        assert error <= bound, f"relative error {error:.3g} against the float weight exceeds max_error {self.max_error}"
+
+    def test_one_method_serves_many_layers(self, component):
+        """The engine gives one instance to every linear layer: layers must not share state through it."""
+        method = component(self.quant_config)
+        shape = self.shapes[0]
+        layers = []
+        for seed in range(3):
+            tensors = self.checkpoint(*shape, True, seed=10 + seed)
+            layers.append((tensors, self.build_layer(component, method, shape, True, "float32", tensors)))
+        x = torch.randn(4, shape[0], generator=torch.Generator().manual_seed(4))
+        for index, (tensors, layer) in reversed(list(enumerate(layers))):
+            with torch.no_grad():
+                error = relative_error(layer(x), self.reference(tensors, x))
+            assert error <= self.reference_tolerance["float32"], (
+                f"layer {index} of 3 built by one method instance computes another layer's weights "
+                f"(relative error {error:.3g})"
+            )

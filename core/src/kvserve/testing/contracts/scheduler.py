@@ -1,0 +1,211 @@
+"""The Scheduler contract: budgets, liveness, no leaks, policy order, and preemption that changes nothing."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import pytest
+
+from kvserve.config import SchedulerConfig
+from kvserve.plugins import load_component
+from kvserve.request import Request, RequestStatus
+from kvserve.sampling_params import SamplingParams
+from kvserve.scheduling import BatchingScheduler
+from kvserve.testing.contracts._base import ComponentContract, num_seeds, reported_as
+from kvserve.testing.scheduler_driver import Arrival, SchedulerDriver, Workload, random_workload
+
+
+class SchedulerContract(ComponentContract):
+    """Every scheduler plugin must pass this. Subclass it and name the scheduler::
+
+        class TestMyScheduler(SchedulerContract):
+            scheduler = "my_policy"
+
+    The scheduler is built like the engine builds it, ``cls(SchedulerConfig(...), kv_cache_manager,
+    max_model_len)``, over the KV cache manager named by :attr:`kv_cache_manager`, and driven
+    by :class:`~kvserve.testing.scheduler_driver.SchedulerDriver` with a deterministic fake model.
+    The driver checks every step (budgets, block coverage, no leaks, stop conditions...); the
+    tests below feed it generated workloads: random arrivals, prompt and output lengths, stop
+    tokens, aborts, prefix sharing, and KV caches so small that requests must be preempted.
+
+    The policy is stated by two optional hooks, :meth:`policy_key` (admission order) and
+    :meth:`expected_victim` (preemption). For a :class:`~kvserve.scheduling.BatchingScheduler`
+    they default to the scheduler's own ``admission_key`` / ``preemption_victim``, which checks
+    that the machinery follows the policy; override them to state the policy independently
+    (FIFO: arrival order, the latest admitted is preempted), which checks the policy itself.
+
+    ``--kvserve-seeds N`` sets how many random workloads each property test runs (default 4).
+    """
+
+    kind = "scheduler"
+    scheduler: ClassVar[str]
+    """Registry name of the scheduler under test."""
+    kv_cache_manager: ClassVar[str] = "paged"
+    """Registry name of the KV cache manager the scheduler runs over (core's by default)."""
+
+    # -- policy hooks ----------------------------------------------------------------------
+    def policy_key(self, scheduler: Any, request: Request) -> Any:
+        """Sort key of the admission order: of the requests waiting at the same time, those with
+        smaller keys must be admitted first.
+
+        Generated requests have distinct ``arrival_time`` values increasing with arrival order
+        and a random ``priority`` in ``0..3``. Without an override, only a BatchingScheduler
+        has a known order (its ``admission_key``, ties by arrival); for others it is not checked.
+        """
+        return (scheduler.admission_key(request), request.arrival_time)
+
+    def expected_victim(self, scheduler: Any, running: list[Request]) -> Request:
+        """The request the policy preempts first when blocks run out, given the running requests
+        in admission order. Without an override, only a BatchingScheduler's choice (its
+        ``preemption_victim``) is known; for others it is not checked."""
+        return scheduler.preemption_victim(list(running))
+
+    def states_policy(self, scheduler: Any, hook: str) -> bool:
+        """Whether ``hook`` (``"policy_key"`` or ``"expected_victim"``) is known for ``scheduler``."""
+        overridden = getattr(type(self), hook) is not getattr(SchedulerContract, hook)
+        return overridden or isinstance(scheduler, BatchingScheduler)
+
+    # -- helpers ---------------------------------------------------------------------------
+    def make_scheduler(self, component: type, workload: Workload) -> Any:
+        """The scheduler under test over a fresh KV cache manager sized for ``workload``."""
+        manager_cls = load_component("kv_cache_manager", self.kv_cache_manager)
+        manager = manager_cls(workload.usable_blocks + 1, workload.block_size, workload.enable_prefix_caching)
+        config = SchedulerConfig(
+            scheduler=self.scheduler,
+            max_num_seqs=workload.max_num_seqs,
+            max_num_batched_tokens=workload.max_num_batched_tokens,
+            enable_chunked_prefill=workload.enable_chunked_prefill,
+        )
+        return component(config, manager, workload.max_model_len)
+
+    def run_workload(self, component: type, workload: Workload, *, check_policy: bool = True) -> tuple[Any, Any]:
+        """Run ``workload`` through a fresh scheduler; a broken rule fails the test with the driver's message."""
+        scheduler = self.make_scheduler(component, workload)
+        order = check_policy and self.states_policy(scheduler, "policy_key")
+        victim = check_policy and self.states_policy(scheduler, "expected_victim")
+        driver = SchedulerDriver(
+            scheduler,
+            vocab=workload.vocab,
+            policy_key=(lambda r: self.policy_key(scheduler, r)) if order else None,
+            expected_victim=(lambda running: self.expected_victim(scheduler, running)) if victim else None,
+        )
+        with reported_as(f"scheduler {self.scheduler!r}"):
+            return driver.run(workload.arrivals), scheduler
+
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        if "seed" in metafunc.fixturenames:
+            metafunc.parametrize("seed", range(num_seeds(metafunc.config)))
+
+    # -- tests -----------------------------------------------------------------------------
+    def test_registered_class_is_a_scheduler(self, component):
+        """The registry name loads a :class:`kvserve.interfaces.Scheduler` subclass whose ``name`` is that name."""
+        from kvserve.interfaces import Scheduler
+
+        assert isinstance(component, type) and issubclass(component, Scheduler), (
+            f"{component!r} is not a kvserve.interfaces.Scheduler subclass"
+        )
+        assert component.name == self.scheduler, (
+            f"{component.__name__}.name is {component.name!r}, but it is registered as {self.scheduler!r}"
+        )
+
+    def test_random_workload_keeps_every_invariant(self, component, seed):
+        """Random arrivals and aborts over a tiny KV cache: at every step the token budget and
+        ``max_num_seqs`` hold, every scheduled token has a block, no block leaks, admissions and
+        preemption victims follow the policy; in the end every request that was not aborted has
+        finished with its stop condition and every block is free again."""
+        self.run_workload(component, random_workload(seed))
+
+    def test_preempted_requests_resume_with_the_same_greedy_tokens(self, component, seed):
+        """Recompute preemption is invisible in the output: with a KV cache so small that requests
+        are preempted, every request produces exactly the tokens it produces with a roomy cache."""
+        workload = random_workload(seed, aborts=0, num_requests=10).with_(
+            arrivals=[_long_arrival(i, seed) for i in range(8)]
+        )
+        tiny, _ = self.run_workload(component, workload)
+        roomy, _ = self.run_workload(component, workload.with_(usable_blocks=200))
+        if not tiny.preemptions:
+            pytest.skip(f"scheduler {self.scheduler!r} never preempted, even with a tiny KV cache")
+        for rid, tokens in roomy.outputs.items():
+            assert tiny.outputs.get(rid) == tokens, (
+                f"{rid} produced different tokens after preemption: {tiny.outputs.get(rid)} "
+                f"instead of {tokens} (preempted {tiny.preemptions.count(rid)} times)"
+            )
+
+    def test_preemption_victims_follow_the_policy(self, component, seed):
+        """When blocks run out, the request preempted is the one the policy names
+        (:meth:`expected_victim`), chosen among the running requests in admission order."""
+        workload = random_workload(seed, aborts=0).with_(arrivals=[_long_arrival(i, seed) for i in range(8)])
+        result, scheduler = self.run_workload(component, workload)
+        if not self.states_policy(scheduler, "expected_victim"):
+            pytest.skip("the policy states no preemption victim (override expected_victim to check it)")
+        if not result.victims_checked:
+            pytest.skip(f"scheduler {self.scheduler!r} never preempted, even with a tiny KV cache")
+
+    def test_admission_follows_policy_order(self, component, seed):
+        """Requests that wait together are admitted in :meth:`policy_key` order (one or two slots at a time)."""
+        workload = random_workload(seed, tiny_cache=False, aborts=0).with_(max_num_seqs=1 + seed % 2)
+        arrivals = [Arrival(0, a.request_id, a.prompt, a.params, a.priority) for a in workload.arrivals]
+        result, scheduler = self.run_workload(component, workload.with_(arrivals=arrivals))
+        if not self.states_policy(scheduler, "policy_key"):
+            pytest.skip("the policy states no admission order (override policy_key to check it)")
+        requests = result.requests
+        expected = sorted(requests, key=lambda rid: self.policy_key(scheduler, requests[rid]))
+        assert result.admissions == expected, (
+            f"admission order {result.admissions} differs from the policy's order {expected}"
+        )
+
+    def test_abort_frees_blocks_and_forgets_the_request(self, component):
+        """``abort_request`` returns the waiting or running request, frees its blocks at once,
+        never schedules it again, and returns None for unknown or already aborted ids."""
+        workload = random_workload(0, tiny_cache=False, aborts=0).with_(max_num_seqs=2, arrivals=[])
+        scheduler = self.make_scheduler(component, workload)
+        driver = SchedulerDriver(scheduler, vocab=workload.vocab)
+        params = SamplingParams(max_tokens=8, ignore_eos=True)
+        for i in range(3):
+            driver.add(Arrival(0, f"a{i}", [5 + i] * 10, params))
+        with reported_as(f"scheduler {self.scheduler!r}"):
+            driver.step()
+            running = driver.running[0].request_id
+            waiting = next(rid for rid in driver.live if rid not in {r.request_id for r in driver.running})
+            driver.abort(running)  # checks the returned request, its status and the freed blocks
+            driver.abort(waiting)
+            assert scheduler.abort_request(running) is None, "aborting twice must return None"
+            assert scheduler.abort_request("never-added") is None, "aborting an unknown id must return None"
+            while scheduler.has_unfinished():
+                driver.step()  # checks that the aborted requests are never scheduled
+
+    def test_long_prompt_is_chunked_within_the_budget(self, component):
+        """With chunked prefill, a prompt longer than the token budget is computed in contiguous
+        chunks that fit the budget, and a token is sampled only once the whole prompt is computed."""
+        workload = random_workload(0, tiny_cache=False, aborts=0).with_(max_num_batched_tokens=8)
+        scheduler = self.make_scheduler(component, workload)
+        driver = SchedulerDriver(scheduler, vocab=workload.vocab)
+        request = driver.add(Arrival(0, "long", list(range(3, 33)), SamplingParams(max_tokens=2, ignore_eos=True)))
+        chunks = []
+        with reported_as(f"scheduler {self.scheduler!r}"):
+            while scheduler.has_unfinished():
+                plan = driver.step()  # checks budget, contiguity and that only the last chunk samples
+                chunks += [item.num_tokens for item in plan.scheduled]
+        assert sum(chunks[:-1]) == 30 and all(n <= 8 for n in chunks), f"prompt chunks {chunks} (budget 8)"
+        assert request.status is RequestStatus.FINISHED_LENGTH and len(request.output_token_ids) == 2
+
+    def test_without_chunked_prefill_a_prompt_runs_whole(self, component):
+        """Without chunked prefill, each prompt is computed in one chunk within the budget."""
+        workload = random_workload(1, tiny_cache=False, aborts=0).with_(
+            enable_chunked_prefill=False, max_num_batched_tokens=48
+        )
+        self.run_workload(component, workload)  # the driver rejects any partial chunk
+
+    def test_requests_stop_at_max_model_len(self, component):
+        """A request without ``max_tokens`` finishes with status length when it reaches ``max_model_len``."""
+        workload = random_workload(0, tiny_cache=False, aborts=0)
+        arrival = Arrival(0, "to-the-end", [7] * 40, SamplingParams(max_tokens=None, ignore_eos=True))
+        result, _ = self.run_workload(component, workload.with_(arrivals=[arrival]))
+        assert result.statuses["to-the-end"] is RequestStatus.FINISHED_LENGTH
+        assert len(result.outputs["to-the-end"]) == workload.max_model_len - 40
+
+
+def _long_arrival(i: int, seed: int) -> Arrival:
+    """Requests that all arrive at once and grow long: more KV than a tiny cache holds."""
+    prompt = [3 + (i * 7 + seed + j) % 29 for j in range(10 + (i * 5 + seed) % 11)]
+    return Arrival(0, f"p{i}", prompt, SamplingParams(max_tokens=16 + i % 3, ignore_eos=True), priority=i % 3)

@@ -1,0 +1,22 @@
+"""Core's built-in components pass their contracts: the paged KV cache manager and the
+unquantized linear method."""
+
+from kvserve.layers.linear import UnquantizedLinearMethod
+from kvserve.testing import KVCacheManagerContract, QuantizationMethodContract
+
+
+class TestPagedKVCacheManager(KVCacheManagerContract):
+    kv_cache_manager = "paged"
+    prefix_caching = True
+
+
+class TestUnquantizedLinearMethod(QuantizationMethodContract):
+    """Dense weights: the checkpoint tensors are the weight itself, exact up to float32 rounding."""
+
+    quantization = "none"
+    max_error = 0.0
+
+    @classmethod
+    def load_component(cls):
+        # The engine builds it directly for unquantized checkpoints; it is not in the registry.
+        return UnquantizedLinearMethod
