@@ -40,6 +40,7 @@ class Request:
     eos_token_ids: tuple[int, ...] = ()
     arrival_time: float = field(default_factory=time.monotonic)
     priority: int = 0
+    """Lower is more urgent (as in vLLM), for priority scheduling policies."""
     cache_salt: str | None = None
     """Separates prefix caches: blocks are reused only between requests with the same salt."""
     output_token_ids: list[int] = field(default_factory=list)

@@ -32,13 +32,6 @@ class KVCacheStats:
     def prefix_hit_rate(self) -> float:
         return self.prefix_hits / self.prefix_queries if self.prefix_queries else 0.0
 
-    def summary(self) -> str:
-        """One log line, e.g. ``KV cache usage 12.5%, prefix cache hit rate 87.3% (1234/1413 tokens)``."""
-        return (
-            f"KV cache usage {self.usage:.1%}, prefix cache hit rate {self.prefix_hit_rate:.1%} "
-            f"({self.prefix_hits}/{self.prefix_queries} tokens)"
-        )
-
 
 class KVCacheManager(ABC):
     """Hands out fixed-size KV blocks to requests.

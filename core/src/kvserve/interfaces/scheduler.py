@@ -72,7 +72,9 @@ class Scheduler(ABC):
         """Plan one step within ``max_num_batched_tokens`` and ``max_num_seqs``.
 
         Blocks for every scheduled token are allocated before returning; requests preempted
-        to make room have had their blocks freed and are back in the waiting queue.
+        to make room have had their blocks freed and are back in the waiting queue. All of a
+        step's preemptions come before its first admission: an admitted request may reuse
+        cached blocks that running requests fill in this same step (see KVCacheManager).
         """
 
     @abstractmethod
