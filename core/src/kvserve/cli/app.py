@@ -14,7 +14,7 @@ app = typer.Typer(help="kvserve: a pluggable LLM inference and serving engine.",
 
 def main() -> None:
     # Each command group lives in its own module and registers itself on import.
-    from kvserve.cli import check, generate, plugins  # noqa: F401
+    from kvserve.cli import bench, chat, check, generate, plugins, serve  # noqa: F401
 
     try:
         app()

@@ -1,0 +1,32 @@
+"""Command-line options every engine-building command shares, and how they become an ``EngineConfig``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from kvserve.config import EngineConfig
+from kvserve.config_sources import config_fields, parse_assignments
+
+ConfigFile = Annotated[
+    Path | None,
+    typer.Option("--config", help="YAML or TOML file of config fields (flat, or grouped by section).", dir_okay=False),
+]
+Assignments = Annotated[
+    list[str] | None,
+    typer.Option("--set", "-o", help="FIELD=VALUE for any config field, e.g. -o max_num_seqs=8 (repeatable)."),
+]
+ModelOption = Annotated[str | None, typer.Option(help="HF directory or .gguf file (default: the embedded SmolLM2).")]
+
+
+def resolve_fields(config_file: Path | None, assignments: list[str] | None, **options: Any) -> dict[str, Any]:
+    """Flat config fields: defaults < ``--config`` file < ``KVSERVE_*`` env vars < ``--set`` < named options
+    (None: not given)."""
+    return config_fields(config_file, {**parse_assignments(assignments or []), **options})
+
+
+def resolve_config(config_file: Path | None, assignments: list[str] | None, **options: Any) -> EngineConfig:
+    """:func:`resolve_fields`, validated."""
+    return EngineConfig.from_flat(**resolve_fields(config_file, assignments, **options))
