@@ -6,12 +6,25 @@ float64 from explicit positions, and K/V are gathered token by token through blo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 
 from kvserve.interfaces import AttentionBackend, AttentionBatch
+
+
+@contextmanager
+def single_thread() -> Iterator[None]:
+    """Run tiny tensor ops on one thread: with several, OpenMP's hand-offs dominate and, on a
+    loaded machine, make each op milliseconds slow."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def token_slots(block_table: Sequence[int] | torch.Tensor, start: int, end: int, block_size: int) -> torch.Tensor:
@@ -160,11 +173,12 @@ def reference_attention(case: PagedCase, scale: float, **variant) -> torch.Tenso
     """
     batch = case.batch
     out = torch.empty(case.query.shape, dtype=torch.float64)
-    for i, context in enumerate(case.context_lens):
-        start, end = batch.query_start_loc_host[i], batch.query_start_loc_host[i + 1]
-        keys = torch.cat([case.past_keys[i], case.key[start:end]])
-        values = torch.cat([case.past_values[i], case.value[start:end]])
-        out[start:end] = causal_attention(case.query[start:end], keys, values, context, scale, **variant)
+    with single_thread():
+        for i, context in enumerate(case.context_lens):
+            start, end = batch.query_start_loc_host[i], batch.query_start_loc_host[i + 1]
+            keys = torch.cat([case.past_keys[i], case.key[start:end]])
+            values = torch.cat([case.past_values[i], case.value[start:end]])
+            out[start:end] = causal_attention(case.query[start:end], keys, values, context, scale, **variant)
     return out
 
 
@@ -200,11 +214,12 @@ class ReferenceAttentionBackend(AttentionBackend):
         keys_by_slot = kv_cache[0].flatten(0, 1)
         values_by_slot = kv_cache[1].flatten(0, 1)
         out = torch.empty_like(query)
-        for i, seq_len in enumerate(batch.seq_lens_host):
-            start, end = batch.query_start_loc_host[i], batch.query_start_loc_host[i + 1]
-            slots = token_slots(batch.block_tables[i], 0, seq_len, batch.block_size).to(kv_cache.device)
-            attended = causal_attention(
-                query[start:end], keys_by_slot[slots], values_by_slot[slots], seq_len - (end - start), scale
-            )
-            out[start:end] = attended.to(query.dtype)
+        with single_thread():
+            for i, seq_len in enumerate(batch.seq_lens_host):
+                start, end = batch.query_start_loc_host[i], batch.query_start_loc_host[i + 1]
+                slots = token_slots(batch.block_tables[i], 0, seq_len, batch.block_size).to(kv_cache.device)
+                attended = causal_attention(
+                    query[start:end], keys_by_slot[slots], values_by_slot[slots], seq_len - (end - start), scale
+                )
+                out[start:end] = attended.to(query.dtype)
         return out

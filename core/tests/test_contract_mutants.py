@@ -1,0 +1,121 @@
+"""Mutation check of the contract suites: deliberately broken plugins (``mutants/``) must fail
+their contract, with a message that names the broken behaviour.
+
+Each mutant is a copy of a real plugin (the CPU attention backend, the FIFO scheduler) with
+one plausible bug. One pytest session runs the contracts against every mutant and against
+the unbroken plugins, exactly as a plugin's ``tests/test_contract.py`` would, with
+``load_component`` pointed at the class under test. The session runs in a subprocess (an
+in-process one would unload the torch modules it imported first, and torch crashes when
+they are imported again) and reports through JUnit XML, read here per test class.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+MUTANTS = Path(__file__).parent / "mutants"
+
+# test class -> (contract, module of the class under test, class under test)
+SUBJECTS = {
+    "TestWrongSlotWrite": ("AttentionBackendContract", "mutant_attention", "WrongSlotWrite"),
+    "TestCausalOffByOne": ("AttentionBackendContract", "mutant_attention", "CausalOffByOne"),
+    "TestGqaTiledHeads": ("AttentionBackendContract", "mutant_attention", "GqaTiledHeads"),
+    "TestRealCpuBackend": ("AttentionBackendContract", "kvserve_attention_cpu.backend", "CpuAttentionBackend"),
+    "TestOverBudget": ("SchedulerContract", "mutant_scheduler", "OverBudget"),
+    "TestLeaksOnAbort": ("SchedulerContract", "mutant_scheduler", "LeaksOnAbort"),
+    "TestRealFifo": ("SchedulerContract", "kvserve_scheduler_fifo.scheduler", "FifoScheduler"),
+}
+NAME_ATTRIBUTE = {"AttentionBackendContract": "backend", "SchedulerContract": "scheduler"}
+
+
+def _test_module() -> str:
+    lines = ["from kvserve.testing import AttentionBackendContract, SchedulerContract"]
+    for test_class, (contract, module, subject) in SUBJECTS.items():
+        lines.append(
+            textwrap.dedent(f"""
+            from {module} import {subject}
+
+            class {test_class}({contract}):
+                {NAME_ATTRIBUTE[contract]} = {subject}.name
+
+                @classmethod
+                def load_component(cls):
+                    return {subject}
+            """)
+        )
+    return "\n".join(lines)
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory) -> dict[str, dict[str, str | None]]:
+    """Test class -> test id -> failure message (None when it passed or was skipped)."""
+    root = tmp_path_factory.mktemp("mutants")
+    for module in ("attention", "scheduler"):
+        (root / f"mutant_{module}.py").write_text((MUTANTS / f"{module}.py").read_text())
+    (root / "test_mutants.py").write_text(_test_module())
+    (root / "pytest.ini").write_text("[pytest]\n")
+    report = root / "report.xml"
+    # The float32, head size 64 part of the attention suite is enough to name each bug.
+    command = [
+        sys.executable, "-m", "pytest", "test_mutants.py", "-p", "no:cacheprovider", "-q",
+        "-k", "not bfloat16 and not float16 and not d128", f"--junitxml={report}", "-o", "junit_family=xunit2",
+    ]  # fmt: skip
+    run = subprocess.run(command, cwd=root, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(root)})
+    assert report.exists(), run.stdout + run.stderr
+    results: dict[str, dict[str, str | None]] = {name: {} for name in SUBJECTS}
+    for case in ET.parse(report).getroot().iter("testcase"):
+        failure = next((child for child in case if child.tag in ("failure", "error")), None)
+        message = None if failure is None else (failure.get("message", "") + "\n" + (failure.text or ""))
+        results[case.get("classname", "").rpartition(".")[2]][case.get("name", "")] = message
+    return results
+
+
+def failures(outcomes, test_class: str, prefix: str = "") -> dict[str, str]:
+    return {test: message for test, message in outcomes[test_class].items() if message and test.startswith(prefix)}
+
+
+def test_the_unbroken_plugins_pass(outcomes):
+    """The harness is sound: the real CPU backend and FIFO scheduler pass the same runs."""
+    for test_class in ("TestRealCpuBackend", "TestRealFifo"):
+        assert len(outcomes[test_class]) > 15, f"{test_class} ran only {len(outcomes[test_class])} checks"
+        assert not failures(outcomes, test_class), failures(outcomes, test_class)
+
+
+def test_attention_mutant_writing_the_wrong_slot_is_caught(outcomes):
+    failed = failures(outcomes, "TestWrongSlotWrite")
+    message = failed.get("test_write_kv_stores_exactly_the_slot_mapping[float32]", "")
+    assert "write_kv put token 0's key in slot(s) [" in message and "given by slot_mapping" in message, failed
+
+
+def test_attention_mutant_with_causal_mask_off_by_one_is_caught(outcomes):
+    failed = failures(outcomes, "TestCausalOffByOne", "test_matches_reference")
+    assert any("prefill-" in t for t in failed) and any("chunked-" in t for t in failed), failed
+    assert not any("decode-" in t for t in failed), "decodes see no later token: they must not fail"
+    for message in failed.values():
+        assert "causal mask is off by one: each query also sees the next token" in message, message
+
+
+def test_attention_mutant_mapping_gqa_heads_wrong_is_caught(outcomes):
+    failed = failures(outcomes, "TestGqaTiledHeads", "test_matches_reference")
+    assert failed and all("-gqa-" in t for t in failed), f"only GQA batches are affected: {list(failed)}"
+    for message in failed.values():
+        assert "GQA maps query head h to KV head h % num_kv_heads instead of h // " in message, message
+
+
+def test_scheduler_mutant_exceeding_the_token_budget_is_caught(outcomes):
+    failed = failures(outcomes, "TestOverBudget", "test_random_workload_keeps_every_invariant")
+    assert failed, outcomes["TestOverBudget"]
+    assert all("tokens, over max_num_batched_tokens=" in m for m in failed.values()), failed
+
+
+def test_scheduler_mutant_leaking_blocks_is_caught(outcomes):
+    failed = failures(outcomes, "TestLeaksOnAbort")
+    message = failed.get("test_abort_frees_blocks_and_forgets_the_request", "")
+    assert "after aborting a" in message and "blocks leaked" in message, failed
