@@ -4,21 +4,20 @@ their contract, with a message that names the broken behaviour.
 Each mutant is a copy of a real plugin (the CPU attention backend, the FIFO scheduler) with
 one plausible bug. One pytest session runs the contracts against every mutant and against
 the unbroken plugins, exactly as a plugin's ``tests/test_contract.py`` would, with
-``load_component`` pointed at the class under test. The session runs in a subprocess (an
+``load_component`` pointed at the class under test. The session runs in a subprocess: an
 in-process one would unload the torch modules it imported first, and torch crashes when
-they are imported again) and reports through JUnit XML, read here per test class.
+they are imported again.
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import textwrap
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+
+from kvserve.testing.check import run_pytest
 
 MUTANTS = Path(__file__).parent / "mutants"
 
@@ -61,20 +60,12 @@ def outcomes(tmp_path_factory) -> dict[str, dict[str, str | None]]:
         (root / f"mutant_{module}.py").write_text((MUTANTS / f"{module}.py").read_text())
     (root / "test_mutants.py").write_text(_test_module())
     (root / "pytest.ini").write_text("[pytest]\n")
-    report = root / "report.xml"
     # The float32, head size 64 part of the attention suite is enough to name each bug.
-    command = [
-        sys.executable, "-m", "pytest", "test_mutants.py", "-p", "no:cacheprovider", "-q",
-        "-k", "not bfloat16 and not float16 and not d128", f"--junitxml={report}", "-o", "junit_family=xunit2",
-    ]  # fmt: skip
-    run = subprocess.run(command, cwd=root, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(root)})
-    assert report.exists(), run.stdout + run.stderr
-    results: dict[str, dict[str, str | None]] = {name: {} for name in SUBJECTS}
-    for case in ET.parse(report).getroot().iter("testcase"):
-        failure = next((child for child in case if child.tag in ("failure", "error")), None)
-        message = None if failure is None else (failure.get("message", "") + "\n" + (failure.text or ""))
-        results[case.get("classname", "").rpartition(".")[2]][case.get("name", "")] = message
-    return results
+    args = ["test_mutants.py", "-q", "-k", "not bfloat16 and not float16 and not d128"]
+    run = run_pytest(args, cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, capture=True)
+    outcomes = {test_class: run.of_class(test_class) for test_class in SUBJECTS}
+    assert all(outcomes.values()), run.output
+    return outcomes
 
 
 def failures(outcomes, test_class: str, prefix: str = "") -> dict[str, str]:
@@ -92,6 +83,8 @@ def test_attention_mutant_writing_the_wrong_slot_is_caught(outcomes):
     failed = failures(outcomes, "TestWrongSlotWrite")
     message = failed.get("test_write_kv_stores_exactly_the_slot_mapping[float32]", "")
     assert "write_kv put token 0's key in slot(s) [" in message and "given by slot_mapping" in message, failed
+    wrong_reads = failures(outcomes, "TestWrongSlotWrite", "test_matches_reference")
+    assert wrong_reads and all("Values of never-written cache slots" in m for m in wrong_reads.values())
 
 
 def test_attention_mutant_with_causal_mask_off_by_one_is_caught(outcomes):

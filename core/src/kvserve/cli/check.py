@@ -74,9 +74,17 @@ def check(
         console.print(
             f"[red]FAILED[/red] {t.contract} for {t.kind} {t.name!r} ({t.package} {t.version})", highlight=False
         )
-        for line in [t.problem] if t.problem else t.failures[:5]:
+        for line in [t.problem] if t.problem else _first_failure_per_check(t.failures):
             console.print(f"    {line}", markup=False, highlight=False)
-        if len(t.failures) > 5:
-            console.print(f"    ... and {len(t.failures) - 5} more", highlight=False)
     if failed or code not in (0, 5):  # 5: pytest collected nothing (e.g. -k matched no check)
         raise typer.Exit(1 if failed or code == 1 else code)
+
+
+def _first_failure_per_check(failures: list[str]) -> list[str]:
+    """One line per failing check (test function), its first failing case, and how many failed."""
+    by_check: dict[str, list[str]] = {}
+    for failure in failures:
+        by_check.setdefault(failure.partition("[")[0].partition(":")[0], []).append(failure)
+    return [
+        f"{cases[0]}" + (f"  (+{len(cases) - 1} more cases)" if len(cases) > 1 else "") for cases in by_check.values()
+    ]

@@ -134,6 +134,57 @@ def write_suite(targets: list[Target], directory: Path) -> Path:
     return module
 
 
+@dataclass
+class PytestRun:
+    """A finished pytest subprocess: exit code, per-test outcomes, and its output when captured."""
+
+    returncode: int
+    outcomes: dict[str, dict[str, str | None]]
+    """JUnit class name (``module.path.TestClass``) -> test name -> failure (None: passed or skipped)."""
+    skipped: set[tuple[str, str]]
+    output: str = ""
+
+    def of_class(self, test_class: str) -> dict[str, str | None]:
+        """The outcomes of the tests of ``test_class`` (a bare class name), in any module."""
+        return {
+            name: message
+            for classname, results in self.outcomes.items()
+            if classname.rpartition(".")[2] == test_class
+            for name, message in results.items()
+        }
+
+
+def run_pytest(
+    args: Sequence[str], *, cwd: Path, env: dict[str, str] | None = None, capture: bool = False
+) -> PytestRun:
+    """Run ``python -m pytest *args`` in a subprocess and read its JUnit report."""
+    with tempfile.TemporaryDirectory(prefix="kvserve-pytest-") as tmp:
+        report = Path(tmp) / "report.xml"
+        command = [
+            sys.executable, "-m", "pytest", *args,
+            "-p", "no:cacheprovider", f"--junitxml={report}", "-o", "junit_family=xunit2",
+        ]  # fmt: skip
+        done = subprocess.run(command, cwd=cwd, env=env, capture_output=capture, text=True)
+        outcomes, skipped = junit_outcomes(report) if report.exists() else ({}, set())
+    output = (done.stdout or "") + (done.stderr or "")
+    return PytestRun(done.returncode, outcomes, skipped, output)
+
+
+def junit_outcomes(report: Path) -> tuple[dict[str, dict[str, str | None]], set[tuple[str, str]]]:
+    """JUnit class name -> test -> failure message and report (None when it did not fail), and the skipped tests."""
+    outcomes: dict[str, dict[str, str | None]] = {}
+    skipped = set()
+    for case in ET.parse(report).getroot().iter("testcase"):
+        test_class, name = case.get("classname", ""), case.get("name", "?")
+        failure = next((child for child in case if child.tag in ("failure", "error")), None)
+        # The message attribute comes first (a one-line summary, maybe truncated), then the full report.
+        message = None if failure is None else f"{failure.get('message') or failure.tag}\n{failure.text or ''}"
+        outcomes.setdefault(test_class, {})[name] = message
+        if any(child.tag == "skipped" for child in case):
+            skipped.add((test_class, name))
+    return outcomes, skipped
+
+
 def run_checks(targets: list[Target], pytest_args: Sequence[str] = ()) -> int:
     """Run the contracts of ``targets`` in a pytest subprocess and record each target's results.
 
@@ -146,30 +197,13 @@ def run_checks(targets: list[Target], pytest_args: Sequence[str] = ()) -> int:
     with tempfile.TemporaryDirectory(prefix="kvserve-check-") as tmp:
         directory = Path(tmp)
         module = write_suite(runnable, directory)
-        report = directory / "report.xml"
-        command = [
-            sys.executable, "-m", "pytest", str(module),
-            "-c", str(directory / "pytest.ini"), "--rootdir", str(directory),
-            "-p", "no:cacheprovider", f"--junitxml={report}", "-o", "junit_family=xunit2",
-            "--tb=short", *pytest_args,
-        ]  # fmt: skip
-        code = subprocess.run(command, cwd=directory).returncode
-        if report.exists():
-            _read_report(report, {t.class_name: t for t in runnable})
-    return code
-
-
-def _read_report(report: Path, by_class: dict[str, Target]) -> None:
-    for case in ET.parse(report).getroot().iter("testcase"):
-        target = by_class.get(case.get("classname", "").rpartition(".")[2])
-        if target is None:
-            continue
-        outcome = "passed"
-        for child in case:
-            if child.tag in ("failure", "error"):
-                outcome = "failed"
-                message = (child.get("message") or child.text or "").strip().splitlines()
-                target.failures.append(f"{case.get('name')}: {message[0] if message else child.tag}")
-            elif child.tag == "skipped":
-                outcome = "skipped"
-        target.results[outcome].append(case.get("name", "?"))
+        ini = ["-c", str(directory / "pytest.ini"), "--rootdir", str(directory), "--tb=short"]
+        run = run_pytest([str(module), *ini, *pytest_args], cwd=directory)
+    for target in runnable:
+        for name, message in run.of_class(target.class_name).items():
+            skipped = any(c.endswith(f".{target.class_name}") and n == name for c, n in run.skipped)
+            outcome = "failed" if message else "skipped" if skipped else "passed"
+            target.results[outcome].append(name)
+            if message:
+                target.failures.append(f"{name}: {message.splitlines()[0]}")
+    return run.returncode

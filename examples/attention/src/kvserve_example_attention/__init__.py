@@ -1,0 +1,1 @@
+"""Example kvserve attention backend plugin (see docs/plugins.md)."""

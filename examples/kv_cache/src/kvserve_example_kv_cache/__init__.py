@@ -1,0 +1,1 @@
+"""Example kvserve KV cache manager plugin (see docs/plugins.md)."""

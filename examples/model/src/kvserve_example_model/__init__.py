@@ -1,0 +1,1 @@
+"""Example kvserve model plugin (see docs/plugins.md)."""

@@ -1,0 +1,1 @@
+"""Example kvserve platform plugin (see docs/plugins.md)."""

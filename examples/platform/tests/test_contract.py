@@ -1,0 +1,7 @@
+"""The example platform passes the platform contract."""
+
+from kvserve.testing import PlatformContract
+
+
+class TestFixedBudgetCpuPlatform(PlatformContract):
+    platform = "example_cpu"

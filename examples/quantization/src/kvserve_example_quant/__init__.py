@@ -1,0 +1,1 @@
+"""Example kvserve quantization method plugin (see docs/plugins.md)."""

@@ -1,0 +1,1 @@
+"""Example kvserve scheduler plugin (see docs/plugins.md)."""
