@@ -4,7 +4,7 @@ PIP := $(VENV)/bin/pip
 PACKAGES := core platforms/cpu plugins/attention/cpu plugins/schedulers/fifo plugins/schedulers/priority plugins/models/llama
 export OMP_NUM_THREADS ?= 2
 
-.PHONY: install demo test lint bench
+.PHONY: install demo test lint bench serve
 
 install: $(VENV)/.installed
 
@@ -26,3 +26,6 @@ test: install
 
 bench: install
 	$(PY) benchmarks/throughput.py
+
+serve: install
+	$(VENV)/bin/kvserve serve
