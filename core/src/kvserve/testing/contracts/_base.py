@@ -26,6 +26,10 @@ class ComponentContract:
 
     kind: ClassVar[str]
     """Plugin kind, a key of ``kvserve.plugins.KINDS``."""
+    interface: ClassVar[type]
+    """The class every component of the kind subclasses."""
+    named: ClassVar[bool] = True
+    """Whether the component's ``name`` attribute must be its registry name (models have none)."""
 
     pytestmark = [pytest.mark.kvserve_contract]
 
@@ -48,6 +52,11 @@ class ComponentContract:
         (a core built-in the engine constructs directly, or a deliberately broken variant)."""
         return load_component(cls.kind, cls.component_name())
 
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        """Parametrize ``seed`` (property-style tests) with ``--kvserve-seeds`` random cases."""
+        if "seed" in metafunc.fixturenames:
+            metafunc.parametrize("seed", range(num_seeds(metafunc.config)))
+
     @pytest.fixture(scope="class")
     @classmethod
     def component(cls) -> Any:
@@ -56,6 +65,17 @@ class ComponentContract:
             return cls.load_component()
         except PluginError as exc:
             pytest.fail(f"cannot load {cls.kind.replace('_', ' ')} {cls.component_name()!r}: {exc}", pytrace=False)
+
+    def test_registered_class_implements_the_interface(self, component):
+        """The registry name loads a subclass of the kind's interface (named by that registry name)."""
+        assert isinstance(component, type) and issubclass(component, self.interface), (
+            f"{component!r} is not a subclass of {self.interface.__module__}.{self.interface.__qualname__}"
+        )
+        if self.named:
+            assert getattr(component, "name", None) == self.component_name(), (
+                f"{component.__name__}.name is {getattr(component, 'name', None)!r}, "
+                f"but it is registered as {self.component_name()!r}"
+            )
 
 
 def num_seeds(config: pytest.Config) -> int:
@@ -66,19 +86,6 @@ def num_seeds(config: pytest.Config) -> int:
 def violation(message: str) -> None:
     """Fail the running test with a contract violation (no traceback into the test kit)."""
     pytest.fail(message, pytrace=False)
-
-
-@contextmanager
-def default_dtype(dtype: Any) -> Iterator[None]:
-    """Build modules as the engine does: with the model dtype as torch's default dtype."""
-    import torch
-
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(previous)
 
 
 @contextmanager

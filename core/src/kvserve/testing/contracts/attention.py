@@ -97,6 +97,7 @@ class AttentionBackendContract(ComponentContract):
     """
 
     kind = "attention_backend"
+    interface = AttentionBackend
     backend: ClassVar[str]
     """Registry name of the backend under test."""
     platform_name: ClassVar[str | None] = None
@@ -138,6 +139,7 @@ class AttentionBackendContract(ComponentContract):
 
     # -- fixtures and helpers --------------------------------------------------------------
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        super().pytest_generate_tests(metafunc)
         try:
             block_sizes = self.block_sizes(type(self).load_component())
         except Exception:  # the component fixture reports why the backend cannot be loaded
@@ -248,14 +250,8 @@ class AttentionBackendContract(ComponentContract):
 
     # -- tests -----------------------------------------------------------------------------
     def test_class_facts_are_consistent(self, component):
-        """``name`` is the registry name; device types, dtypes and block sizes are well formed;
-        ``kv_cache_shape`` holds exactly K and V of every slot (the engine sizes the cache from it)."""
-        assert isinstance(component, type) and issubclass(component, AttentionBackend), (
-            f"{component!r} is not a kvserve.interfaces.AttentionBackend subclass"
-        )
-        assert component.name == self.backend, (
-            f"{component.__name__}.name is {component.name!r}, but it is registered as {self.backend!r}"
-        )
+        """Device types, dtypes and block sizes are well formed; ``kv_cache_shape`` holds exactly
+        K and V of every slot (the engine sizes the cache from it)."""
         assert component.device_types and all(isinstance(d, str) for d in component.device_types), (
             f"device_types must name torch device types, got {component.device_types!r}"
         )

@@ -10,7 +10,7 @@ import pytest
 from kvserve.interfaces import KVCacheManager
 from kvserve.request import Request
 from kvserve.sampling_params import SamplingParams
-from kvserve.testing.contracts._base import ComponentContract, num_seeds
+from kvserve.testing.contracts._base import ComponentContract
 
 BLOCK_SIZE = 4
 
@@ -47,6 +47,7 @@ class KVCacheManagerContract(ComponentContract):
     """
 
     kind = "kv_cache_manager"
+    interface = KVCacheManager
     kv_cache_manager: ClassVar[str]
     """Registry name of the manager under test."""
     prefix_caching: ClassVar[bool | None] = None
@@ -83,20 +84,7 @@ class KVCacheManagerContract(ComponentContract):
             f"the manager {usable} / {manager.num_free_blocks()}"
         )
 
-    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
-        if "seed" in metafunc.fixturenames:
-            metafunc.parametrize("seed", range(num_seeds(metafunc.config)))
-
     # -- tests -----------------------------------------------------------------------------
-    def test_registered_class_is_a_kv_cache_manager(self, component):
-        """The registry name loads a :class:`kvserve.interfaces.KVCacheManager` subclass named so."""
-        assert isinstance(component, type) and issubclass(component, KVCacheManager), (
-            f"{component!r} is not a kvserve.interfaces.KVCacheManager subclass"
-        )
-        assert component.name == self.kv_cache_manager, (
-            f"{component.__name__}.name is {component.name!r}, but it is registered as {self.kv_cache_manager!r}"
-        )
-
     def test_fresh_manager_offers_every_block_but_the_null_block(self, component):
         """``num_blocks`` counts the null block: ``num_blocks - 1`` are free, usage is 0."""
         manager = self.make(component, num_blocks=9)

@@ -9,9 +9,10 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
+from kvserve.engine.llm_engine import _default_dtype as default_dtype  # build as LLMEngine builds
 from kvserve.interfaces import Model
 from kvserve.layers import QuantLinear, UnquantizedLinearMethod
-from kvserve.testing.contracts._base import ComponentContract, default_dtype, violation
+from kvserve.testing.contracts._base import ComponentContract, violation
 from kvserve.testing.hf_models import build_tiny_model
 from kvserve.testing.paged_model import PagedSequences
 
@@ -62,6 +63,8 @@ class ModelContract(ComponentContract):
     """
 
     kind = "model"
+    interface = torch.nn.Module
+    named = False
     architecture: ClassVar[str]
     """The registered name: an HF ``architectures`` entry."""
     reference_architecture: ClassVar[str | None] = None
@@ -77,6 +80,7 @@ class ModelContract(ComponentContract):
 
     # -- fixtures and helpers --------------------------------------------------------------
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        super().pytest_generate_tests(metafunc)
         if "variant" in metafunc.fixturenames:
             metafunc.parametrize("variant", sorted(self.config_variants), scope="class")
 
@@ -148,11 +152,8 @@ class ModelContract(ComponentContract):
 
     # -- tests -----------------------------------------------------------------------------
     def test_follows_the_model_interface(self, component, checkpoint):
-        """A ``torch.nn.Module`` with the Model methods, whose ``attention_shape`` matches the config."""
+        """An instance has the Model methods, and its ``attention_shape`` matches the config."""
         path, hf_model = checkpoint
-        assert isinstance(component, type) and issubclass(component, torch.nn.Module), (
-            f"{component!r} is not a torch.nn.Module subclass"
-        )
         model = self.load(component, path)
         assert isinstance(model, Model), f"{component.__name__} lacks methods of kvserve.interfaces.Model"
         expected = self.expected_attention_shape(hf_model.config)

@@ -30,6 +30,7 @@ class PlatformContract(ComponentContract):
     """
 
     kind = "platform"
+    interface = Platform
     platform: ClassVar[str]
     """Registry name of the platform under test."""
 
@@ -44,12 +45,6 @@ class PlatformContract(ComponentContract):
 
     def test_class_facts_are_consistent(self, component):
         """Facts the engine reads before instantiating anything are well formed."""
-        assert isinstance(component, type) and issubclass(component, Platform), (
-            f"{component!r} is not a kvserve.interfaces.Platform subclass"
-        )
-        assert component.name == self.platform, (
-            f"{component.__name__}.name is {component.name!r}, but it is registered as {self.platform!r}"
-        )
         assert component.supported_dtypes, "supported_dtypes is empty"
         for dtype in component.supported_dtypes:
             assert isinstance(getattr(torch, dtype, None), torch.dtype), f"{dtype!r} is not a torch dtype name"

@@ -7,11 +7,12 @@ from typing import Any, ClassVar
 import pytest
 
 from kvserve.config import SchedulerConfig
+from kvserve.interfaces import Scheduler
 from kvserve.plugins import load_component
 from kvserve.request import Request, RequestStatus
 from kvserve.sampling_params import SamplingParams
 from kvserve.scheduling import BatchingScheduler
-from kvserve.testing.contracts._base import ComponentContract, num_seeds, reported_as
+from kvserve.testing.contracts._base import ComponentContract, reported_as
 from kvserve.testing.scheduler_driver import Arrival, SchedulerDriver, Workload, random_workload
 
 
@@ -38,6 +39,7 @@ class SchedulerContract(ComponentContract):
     """
 
     kind = "scheduler"
+    interface = Scheduler
     scheduler: ClassVar[str]
     """Registry name of the scheduler under test."""
     kv_cache_manager: ClassVar[str] = "paged"
@@ -92,22 +94,7 @@ class SchedulerContract(ComponentContract):
         with reported_as(f"scheduler {self.scheduler!r}"):
             return driver.run(workload.arrivals), scheduler
 
-    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
-        if "seed" in metafunc.fixturenames:
-            metafunc.parametrize("seed", range(num_seeds(metafunc.config)))
-
     # -- tests -----------------------------------------------------------------------------
-    def test_registered_class_is_a_scheduler(self, component):
-        """The registry name loads a :class:`kvserve.interfaces.Scheduler` subclass whose ``name`` is that name."""
-        from kvserve.interfaces import Scheduler
-
-        assert isinstance(component, type) and issubclass(component, Scheduler), (
-            f"{component!r} is not a kvserve.interfaces.Scheduler subclass"
-        )
-        assert component.name == self.scheduler, (
-            f"{component.__name__}.name is {component.name!r}, but it is registered as {self.scheduler!r}"
-        )
-
     def test_random_workload_keeps_every_invariant(self, component, seed):
         """Random arrivals and aborts over a tiny KV cache: at every step the token budget and
         ``max_num_seqs`` hold, every scheduled token has a block, no block leaks, admissions and
