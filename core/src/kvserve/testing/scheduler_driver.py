@@ -127,6 +127,9 @@ class SchedulerDriver:
       chunk reaches the end of its sequence;
     - no block leaks: free blocks plus the distinct blocks running requests hold is always
       every usable block, and after aborts, finishes and preemptions the blocks come back;
+    - the KV a sampling request reads through its block table holds its own tokens: the fake
+      model records which token each scheduled chunk writes to each slot, so a block reused
+      (prefix caching) before or without being computed, or overwritten, is caught;
     - admissions follow ``policy_key`` (smaller first; optional) and each preemption victim is
       ``expected_victim(running in admission order)`` (optional);
     - ``update`` appends each sampled token, finishes requests exactly when a stop condition

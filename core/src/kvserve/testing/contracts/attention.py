@@ -28,6 +28,8 @@ HEAD_LAYOUTS: dict[str, tuple[int, int]] = {"mha": (4, 4), "gqa": (8, 2), "mqa":
 
 
 class AttentionCase(NamedTuple):
+    """One configuration of the reference comparison; its ``str`` is the test id."""
+
     scenario: str
     layout: str
     head_dim: int
@@ -181,9 +183,11 @@ class AttentionBackendContract(ComponentContract):
         )
 
     def spec(self, platform: Platform, layout: tuple[int, int], head_dim: int, dtype: str, block_size: int):
+        """The AttentionSpec of a configuration on ``platform``'s device (``layout``: query and KV heads)."""
         return AttentionSpec(layout[0], layout[1], head_dim, getattr(torch, dtype), block_size, platform.device())
 
     def require_served(self, component, spec: AttentionSpec, platform: Platform) -> None:
+        """Skip the test, with the backend's reasons, if it refuses ``spec``."""
         reasons = component.unsupported_reasons(spec, platform)
         if reasons:
             pytest.skip(f"backend refuses this configuration: {'; '.join(reasons)}")

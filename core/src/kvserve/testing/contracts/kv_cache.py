@@ -16,6 +16,7 @@ BLOCK_SIZE = 4
 
 
 def make_request(request_id: str, tokens: list[int] | range, salt: str | None = None) -> Request:
+    """A request whose prompt is ``tokens`` (what managers see: ids, tokens, cache salt)."""
     return Request(request_id, list(tokens), SamplingParams(), cache_salt=salt)
 
 
@@ -54,6 +55,7 @@ class KVCacheManagerContract(ComponentContract):
     """True: the manager must implement prefix caching; False: skip those tests; None: detect."""
 
     def make(self, component: type, num_blocks: int = 33, prefix_caching: bool = False) -> KVCacheManager:
+        """A fresh manager, constructed as the engine does (``num_blocks`` counts the null block)."""
         return component(num_blocks, BLOCK_SIZE, prefix_caching)
 
     @staticmethod
@@ -69,9 +71,12 @@ class KVCacheManagerContract(ComponentContract):
 
     @staticmethod
     def held_blocks(manager: KVCacheManager, requests: list[Request]) -> set[int]:
+        """The distinct blocks in the tables of ``requests``."""
         return {block for r in requests for block in manager.block_table(r.request_id)}
 
     def assert_accounting(self, manager: KVCacheManager, holders: list[Request], when: str) -> None:
+        """Free blocks plus those ``holders`` hold are every usable block, block 0 is never held,
+        and ``stats()`` agrees."""
         held = self.held_blocks(manager, holders)
         usable = manager.num_blocks - 1
         assert 0 not in held, f"{when}: the null block 0 was handed out"

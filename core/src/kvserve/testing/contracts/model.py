@@ -145,6 +145,7 @@ class ModelContract(ComponentContract):
 
     @staticmethod
     def expected_attention_shape(hf_config: Any) -> tuple[int, int, int, int]:
+        """``(layers, heads, KV heads, head size)`` as the HF config states them."""
         heads = hf_config.num_attention_heads
         kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
         head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads

@@ -100,6 +100,7 @@ class QuantizationMethodContract(ComponentContract):
         return layer
 
     def reference(self, tensors: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """float64 ``x @ dequantize(tensors).T + bias``."""
         out = x.double() @ self.dequantize(tensors).double().T
         return out + tensors["bias"].double() if "bias" in tensors else out
 

@@ -105,9 +105,7 @@ class SchedulerContract(ComponentContract):
     def test_preempted_requests_resume_with_the_same_greedy_tokens(self, component, seed):
         """Recompute preemption is invisible in the output: with a KV cache so small that requests
         are preempted, every request produces exactly the tokens it produces with a roomy cache."""
-        workload = random_workload(seed, aborts=0, num_requests=10).with_(
-            arrivals=[_long_arrival(i, seed) for i in range(8)]
-        )
+        workload = random_workload(seed, aborts=0).with_(arrivals=[_long_arrival(i, seed) for i in range(8)])
         tiny, _ = self.run_workload(component, workload)
         roomy, _ = self.run_workload(component, workload.with_(usable_blocks=200))
         if not tiny.preemptions:
