@@ -31,7 +31,8 @@ logger = logging.getLogger("kvserve")
 
 
 @contextmanager
-def _default_dtype(dtype: torch.dtype):
+def default_dtype(dtype: torch.dtype):
+    """Within the block, new tensors default to ``dtype`` (how models are built in their target dtype)."""
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -123,7 +124,7 @@ class LLMEngine:
             raise ConfigError(f"model: {source.path} has no 'architectures' in its config.json")
         model_cls = load_component("model", architectures[0])
         quant_method = self._quant_method()
-        with torch.device(self.platform.device()), _default_dtype(self.dtype):
+        with torch.device(self.platform.device()), default_dtype(self.dtype):
             model = model_cls(self.hf_config, quant_method)
         model.load_weights(source.weights())
         for module in model.modules():

@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
-from kvserve.engine.llm_engine import _default_dtype as default_dtype  # build as LLMEngine builds
+from kvserve.engine.llm_engine import default_dtype  # build as LLMEngine builds
 from kvserve.interfaces import Model
 from kvserve.layers import QuantLinear, UnquantizedLinearMethod
 from kvserve.testing.contracts._base import ComponentContract, violation
