@@ -27,7 +27,8 @@ CHAT_TEMPLATE = (
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = build_tiny_model("llama", tmp_path_factory.mktemp("tiny-chat-llama"))
+    # A context long enough that a request outlives any stall of the test's own threads.
+    path = build_tiny_model("llama", tmp_path_factory.mktemp("tiny-chat-llama"), max_position_embeddings=1024)
     tokenizer = AutoTokenizer.from_pretrained(path)
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(path)

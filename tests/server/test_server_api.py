@@ -125,7 +125,7 @@ def test_max_completion_tokens_and_priority(client: openai.OpenAI) -> None:
 
 def test_tokenize_detokenize_round_trip(http: httpx.Client) -> None:
     tokens = http.post("/tokenize", json={"prompt": "Berlin is the capital", "add_special_tokens": False}).json()
-    assert tokens["count"] == len(tokens["tokens"]) and tokens["max_model_len"] == 256
+    assert tokens["count"] == len(tokens["tokens"]) and tokens["max_model_len"] == 1024
     assert http.post("/detokenize", json={"tokens": tokens["tokens"]}).json() == {"prompt": "Berlin is the capital"}
 
 

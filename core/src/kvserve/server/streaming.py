@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -109,14 +109,19 @@ async def guarded_events(events: AsyncIterator[str]) -> AsyncIterator[str]:
 
 
 class EventStreamResponse(StreamingResponse):
-    """An SSE response that runs ``on_close`` however it ends: finished, disconnected, or never started."""
+    """An SSE response that closes its events and runs ``on_close`` however it ends: finished,
+    disconnected, or never started."""
 
-    def __init__(self, events: AsyncIterator[str], on_close: Callable[[], None]) -> None:
+    def __init__(self, events: AsyncGenerator[str, None], on_close: Callable[[], None]) -> None:
         super().__init__(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self.events = events
         self.on_close = on_close
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
+            # A disconnect can cancel the response between two events; close them now (aborting the
+            # engine request) rather than whenever the generator is garbage collected.
+            await self.events.aclose()
             self.on_close()
