@@ -8,6 +8,7 @@ import httpx
 import openai
 
 import kvserve
+from kvserve.server.protocol import ChatCompletionRequest, CompletionRequest
 
 MODEL = "tiny"
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a color."}]
@@ -141,3 +142,9 @@ def test_metrics_expose_engine_and_request_series(client: openai.OpenAI, http: h
     ):  # fmt: skip
         assert name in samples, name
     assert samples["kvserve:time_to_first_token_seconds_count"] >= 1
+
+
+def test_chat_without_max_tokens_may_use_the_whole_context() -> None:
+    request = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}])
+    assert request.sampling_params().max_tokens is None  # as OpenAI: up to the context length, not 16
+    assert CompletionRequest(prompt="hi").sampling_params().max_tokens == 16  # the legacy default

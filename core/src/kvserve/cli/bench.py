@@ -34,7 +34,7 @@ def throughput(
     model: ModelOption = None,
     num_prompts: Annotated[int, typer.Option(help="Requests, all submitted at once.")] = 64,
     input_len: Annotated[
-        int | None, typer.Option(help="Random prompts of this many tokens [default: chat questions].")
+        int | None, typer.Option(help="Random prompts of this many tokens (default: chat questions).")
     ] = None,
     output_len: OutputLen = 64,
     config_file: ConfigFile = None,
@@ -89,7 +89,7 @@ def latency(
 @bench_app.command("serve")
 def serve_benchmark(
     base_url: Annotated[str, typer.Option(help="The server, without /v1.")] = "http://127.0.0.1:8000",
-    model: Annotated[str | None, typer.Option(help="Served model name [default: the server's].")] = None,
+    model: Annotated[str | None, typer.Option(help="Served model name (default: the server's).")] = None,
     num_prompts: Annotated[int, typer.Option(help="Requests to send.")] = 64,
     output_len: OutputLen = 64,
     request_rate: Annotated[

@@ -38,8 +38,11 @@ def chat(
     config_file: ConfigFile = None,
     assignments: Assignments = None,
 ) -> None:
-    """Chat in the terminal. With a server, --model is the served model name (default: the server's first);
-    with --local, it is the model to load (and --config/--set configure the engine)."""
+    """Chat in the terminal with a running server, or with --local an engine in this process.
+
+    With a server, --model is the served model name (default: the server's first); with --local,
+    it is the model to load, and --config/--set configure the engine.
+    """
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, output_kind="delta")
     console = Console()
     if local:

@@ -15,22 +15,25 @@ def serve(
     model: Annotated[
         str | None, typer.Argument(help="HF directory or .gguf file (default: the embedded SmolLM2).")
     ] = None,
-    host: Annotated[str | None, typer.Option(help="Interface to bind [default: 127.0.0.1, loopback only].")] = None,
-    port: Annotated[int | None, typer.Option(help="Port [default: 8000].")] = None,
+    host: Annotated[str | None, typer.Option(help="Interface to bind (default: 127.0.0.1, loopback only).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default: 8000).")] = None,
     api_key: Annotated[
         str | None, typer.Option(help="Require 'Authorization: Bearer KEY' (prefer env KVSERVE_API_KEY: not in ps).")
     ] = None,
     served_model_name: Annotated[str | None, typer.Option(help="The model name clients send.")] = None,
-    max_concurrent_requests: Annotated[int | None, typer.Option(help="More in flight get 429 [default: 256].")] = None,
-    max_model_len: Annotated[int | None, typer.Option(help="Context length [default: the model's].")] = None,
-    max_num_seqs: Annotated[int | None, typer.Option(help="Sequences per batch [default: 128].")] = None,
+    max_concurrent_requests: Annotated[int | None, typer.Option(help="More in flight get 429 (default: 256).")] = None,
+    max_model_len: Annotated[int | None, typer.Option(help="Context length (default: the model's).")] = None,
+    max_num_seqs: Annotated[int | None, typer.Option(help="Sequences per batch (default: 128).")] = None,
     dtype: Annotated[str | None, typer.Option(help="auto, float32, bfloat16 or float16.")] = None,
     config_file: ConfigFile = None,
     assignments: Assignments = None,
     log_level: Annotated[str, typer.Option(help="uvicorn's log level.")] = "info",
 ) -> None:
-    """Serve a model over the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models) plus
-    /health, /version, /tokenize, /detokenize and /metrics, until SIGINT or SIGTERM."""
+    """Serve a model over the OpenAI API until SIGINT or SIGTERM.
+
+    Endpoints: /v1/completions, /v1/chat/completions, /v1/models, /health, /version, /tokenize,
+    /detokenize, /metrics. Settings come from --config FILE, KVSERVE_* env vars, --set and options.
+    """
     from kvserve.server.runner import serve as run_server
 
     config = resolve_config(

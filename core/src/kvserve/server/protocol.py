@@ -88,11 +88,12 @@ class _GenerationRequest(_Strict):
         return self.stream_options is not None and self.stream_options.include_usage
 
     def _sampling_params(self, renames: dict[str, str] | None = None, **fields: Any) -> SamplingParams:
-        """SamplingParams from the shared fields plus the endpoint's ``fields``; bad values are 400s."""
+        """SamplingParams from the shared fields (unless null) plus the endpoint's ``fields`` (even None:
+        ``max_tokens=None`` means up to the context length); bad values are 400s."""
         if self.stream_options is not None and not self.stream:
             raise OpenAIError(400, "stream_options: only allowed when stream is true", param="stream_options")
         values = {name: getattr(self, name) for name in self._SHARED if getattr(self, name) is not None}
-        values.update({name: value for name, value in fields.items() if value is not None})
+        values.update(fields)
         if self.logit_bias:
             try:
                 values["logit_bias"] = {int(token): bias for token, bias in self.logit_bias.items()}
