@@ -101,13 +101,21 @@ def main() -> None:
         )  # fmt: skip
         print(f"{name:<22}" + "".join(f"{v:>13.2f}" for v in values))
     kv_seconds, kv_timings = rows["kvserve server"]
-    kv_latency = statistics.fmean(t.latency for t in kv_timings)
     for name in ("HF sequential", "HF batched (static)"):
         seconds, timings = rows[name]
         print(
-            f"kvserve vs {name}: {seconds / kv_seconds:.2f}x throughput, "
-            f"{statistics.fmean(t.latency for t in timings) / kv_latency:.2f}x lower mean latency"
+            f"kvserve / {name}: throughput {seconds / kv_seconds:.2f}x, "
+            f"mean TTFT {_mean_ttft(kv_timings) / _mean_ttft(timings):.2f}x, "
+            f"mean latency {_mean_latency(kv_timings) / _mean_latency(timings):.2f}x"
         )
+
+
+def _mean_ttft(timings: list[Timing]) -> float:
+    return statistics.fmean(t.first_token for t in timings)
+
+
+def _mean_latency(timings: list[Timing]) -> float:
+    return statistics.fmean(t.latency for t in timings)
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ class StreamOptions(_Strict):
     """Send a last chunk, with empty ``choices``, that holds the usage of the whole request."""
 
 
-class _GenerationRequest(_Strict):
+class GenerationRequest(_Strict):
     """Fields both generation endpoints share."""
 
     model: str | None = None
@@ -105,7 +105,7 @@ class _GenerationRequest(_Strict):
             raise invalid_value_error(exc, renames) from None
 
 
-class CompletionRequest(_GenerationRequest):
+class CompletionRequest(GenerationRequest):
     prompt: PromptInput
     max_tokens: int | None = 16
     echo: bool | None = False
@@ -146,7 +146,7 @@ class ChatMessage(_Strict):
         return message
 
 
-class ChatCompletionRequest(_GenerationRequest):
+class ChatCompletionRequest(GenerationRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = None
     max_completion_tokens: int | None = None

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request, Response
 
 from kvserve.chat_template import ChatTemplateError, render_chat
-from kvserve.outputs import RequestOutput, TokenLogprobs
-from kvserve.sampling_params import SamplingParams
-from kvserve.server.choices import Choices
+from kvserve.outputs import TokenLogprobs
 from kvserve.server.errors import OpenAIError
+from kvserve.server.generation import GenerationRun, admit
 from kvserve.server.logprobs import chat_logprobs
 from kvserve.server.protocol import (
     AssistantMessage,
@@ -24,9 +22,8 @@ from kvserve.server.protocol import (
     ChatMessage,
     DeltaMessage,
     UsageInfo,
-    read_body,
 )
-from kvserve.server.state import ServerState, new_id
+from kvserve.server.state import ServerState
 from kvserve.server.streaming import sse_event
 
 router = APIRouter()
@@ -43,31 +40,15 @@ def chat_prompt(state: ServerState, messages: list[ChatMessage], add_generation_
 
 @router.post("/v1/chat/completions")
 async def create_chat_completion(request: Request) -> Response:
-    state: ServerState = request.app.state.server
-    body = await read_body(request, ChatCompletionRequest)
-    state.check_ready()
-    state.check_model(body.model)
+    state, body = await admit(request, ChatCompletionRequest)
     prompt = chat_prompt(state, body.messages, body.add_generation_prompt)
-    params = body.sampling_params()
-    state.validate([prompt], params)
-    run = _ChatRun(state, body, params, prompt)
-    return await state.respond(request, bool(body.stream), run.events, run.response)
+    return await _ChatRun(state, body, body.sampling_params(), [prompt]).respond(request)
 
 
-class _ChatRun:
-    """One chat request's generation, shaped as a single response or as chunks."""
+class _ChatRun(GenerationRun):
+    """A chat request: one templated prompt, ``n`` assistant replies."""
 
-    def __init__(self, state: ServerState, body: ChatCompletionRequest, params: SamplingParams, prompt: list[int]):
-        self.state = state
-        self.body = body
-        self.params = params
-        self.prompt = prompt
-        self.id = new_id("chatcmpl")
-        self.created = int(time.time())
-        self.choices = Choices([len(prompt)], params.n)
-
-    def _generate(self) -> AsyncIterator[tuple[int, RequestOutput]]:
-        return self.state.generate([self.prompt], self.params, self.body.priority)
+    id_prefix = "chatcmpl"
 
     def _logprobs(self, token_ids: list[int], logprobs: list[TokenLogprobs] | None) -> ChatLogprobs | None:
         if self.params.logprobs is None:
@@ -75,7 +56,7 @@ class _ChatRun:
         return chat_logprobs(self.state.tokenizer, token_ids, logprobs or [], self.params.logprobs)
 
     async def response(self) -> ChatCompletionResponse:
-        async for _, output in self._generate():
+        async for _, output in self.outputs():
             self.choices.add(0, output)
         choices = [
             ChatChoice(
@@ -95,7 +76,7 @@ class _ChatRun:
             yield sse_event(
                 self._chunk([ChatChunkChoice(index=choice.index, delta=DeltaMessage(role="assistant", content=""))])
             )
-        async for _, output in self._generate():
+        async for _, output in self.outputs():
             for choice, delta in self.choices.add(0, output):
                 piece = ChatChunkChoice(
                     index=choice.index, delta=DeltaMessage(content=delta.text),
@@ -103,7 +84,7 @@ class _ChatRun:
                     stop_reason=choice.stop_reason,
                 )  # fmt: skip
                 yield sse_event(self._chunk([piece]))
-        if self.body.include_usage:
+        if self.include_usage:
             yield sse_event(self._chunk([], self.choices.usage()))
 
     def _chunk(self, choices: list[ChatChunkChoice], usage: UsageInfo | None = None) -> ChatCompletionChunk:

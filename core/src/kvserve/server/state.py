@@ -108,8 +108,3 @@ class ServerState:
         finally:
             self.release_slot()
         return Response(result.model_dump_json(), media_type="application/json")
-
-
-def new_id(prefix: str) -> str:
-    """A response id such as ``chatcmpl-1f0c...``."""
-    return f"{prefix}-{uuid.uuid4().hex}"

@@ -1,0 +1,64 @@
+"""One generation request on the server: admission, its engine streams and choices, its answer."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
+from typing import ClassVar, TypeVar
+
+from fastapi import Request, Response
+from pydantic import BaseModel
+
+from kvserve.outputs import RequestOutput
+from kvserve.sampling_params import SamplingParams
+from kvserve.server.choices import Choices
+from kvserve.server.protocol import GenerationRequest, read_body
+from kvserve.server.state import ServerState
+
+Body = TypeVar("Body", bound=GenerationRequest)
+
+
+async def admit(request: Request, model: type[Body]) -> tuple[ServerState, Body]:
+    """The server state and the parsed body, once the engine is known to run and the model to be served."""
+    state: ServerState = request.app.state.server
+    body = await read_body(request, model)
+    state.check_ready()
+    state.check_model(body.model)
+    return state, body
+
+
+class GenerationRun(ABC):
+    """A validated request's generation over its prompts, answered as one response or as SSE chunks."""
+
+    id_prefix: ClassVar[str]
+
+    def __init__(
+        self, state: ServerState, body: GenerationRequest, params: SamplingParams, prompts: list[list[int]]
+    ) -> None:
+        state.validate(prompts, params)
+        self.state = state
+        self.params = params
+        self.prompts = prompts
+        self.stream = bool(body.stream)
+        self.include_usage = body.include_usage
+        self.priority = body.priority
+        self.id = f"{self.id_prefix}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.choices = Choices([len(p) for p in prompts], params.n)
+
+    def outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """Delta outputs of every prompt, tagged with the prompt's index."""
+        return self.state.generate(self.prompts, self.params, self.priority)
+
+    async def respond(self, request: Request) -> Response:
+        return await self.state.respond(request, self.stream, self.events, self.response)
+
+    @abstractmethod
+    async def response(self) -> BaseModel:
+        """The whole answer, once every choice has finished."""
+
+    @abstractmethod
+    def events(self) -> AsyncIterator[str]:
+        """The answer as server-sent events (``data: [DONE]`` is added after them)."""
