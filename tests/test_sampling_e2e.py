@@ -9,7 +9,7 @@ import transformers
 from tokenizers.decoders import DecodeStream
 
 from kvserve import LLM, SamplingParams
-from kvserve.engine.async_llm import AsyncLLM
+from kvserve.engine.async_llm import AsyncLLM, EngineDeadError
 from kvserve.testing.hf_models import build_tiny_model
 
 PROMPT = "Paged attention stores keys and values in fixed size blocks"
@@ -135,6 +135,12 @@ def test_streaming_deltas_add_up_and_abort_mid_stream_frees_all_blocks(llm):
     assert tokens == final[0].outputs[0].token_ids and text == final[0].outputs[0].text
     assert 3 <= len(aborted_tokens) < 64
     assert manager.num_free_blocks() == free_before
+
+    async def after_shutdown():
+        return await anext(async_llm.generate(PROMPT, SamplingParams(), "late"))
+
+    with pytest.raises(EngineDeadError, match="shut down"):
+        asyncio.run(after_shutdown())
 
 
 def test_n_samples_share_prompt_blocks_and_equal_separately_seeded_requests(model_dir):

@@ -60,6 +60,8 @@ class AsyncLLM:
         """
         if self.dead_error is not None:
             raise EngineDeadError(f"engine loop died: {self.dead_error!r}")
+        if self._stopped:
+            raise EngineDeadError("engine is shut down")
         if request_id in self._streams:
             raise ValueError(f"request_id: {request_id!r} is already in use")
         text = prompt if isinstance(prompt, str) else None

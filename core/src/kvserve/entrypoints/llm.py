@@ -8,6 +8,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from kvserve.chat_template import render_chat
 from kvserve.config import EngineConfig
 from kvserve.engine.llm_engine import LLMEngine
 from kvserve.outputs import RequestOutput
@@ -77,13 +78,9 @@ class LLM:
     ) -> list[RequestOutput]:
         """Apply the tokenizer's chat template to one conversation or a list of them, then generate."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        tokenizer = self.engine.tokenizer
-        prompts = [
-            tokenizer.apply_chat_template(conv, add_generation_prompt=True, tokenize=False)  # type: ignore[arg-type]
-            for conv in conversations
-        ]
-        # The template already holds any BOS token; encode without adding special tokens again.
-        token_ids = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+        rendered = [render_chat(self.engine.tokenizer, conv) for conv in conversations]  # type: ignore[arg-type]
+        prompts = [text for text, _ in rendered]
+        token_ids = [ids for _, ids in rendered]
         outputs = self.generate(token_ids, sampling_params, use_tqdm)
         for output, prompt in zip(outputs, prompts):
             output.prompt = prompt  # the templated text, as vLLM reports it
