@@ -265,7 +265,7 @@ class LLMEngine:
 
         prompt_tokens = sum(i.num_tokens for i in plan.scheduled if i.start < i.request.num_prompt_tokens)
         self.stat_logger.record_step(prompt_tokens, len(owners), len(plan.preempted))
-        self.stat_logger.maybe_log(self.stats())
+        self.stat_logger.maybe_log(self.stats)
         outputs = []
         for state in changed.values():
             output = state.output()

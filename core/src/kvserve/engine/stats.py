@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvserve.interfaces import KVCacheStats
@@ -42,11 +43,13 @@ class StatLogger:
         self._window_prompt += prompt_tokens
         self._window_generation += generation_tokens
 
-    def maybe_log(self, stats: EngineStats) -> None:
+    def maybe_log(self, snapshot: Callable[[], EngineStats]) -> None:
+        """Log the window's averages when the interval has passed; ``snapshot`` is only taken then."""
         now = time.monotonic()
         elapsed = now - self._window_start
         if elapsed < self.interval:
             return
+        stats = snapshot()
         if self._window_prompt or self._window_generation or stats.num_running or stats.num_waiting:
             logger.info(
                 "Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, "
