@@ -16,8 +16,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from kvserve.engine.async_llm import EngineDeadError
-from kvserve.errors import CapacityError
+from kvserve.errors import CapacityError, EngineDeadError, RequestError
 
 logger = logging.getLogger("kvserve")
 
@@ -94,6 +93,8 @@ def as_openai_error(exc: Exception) -> OpenAIError:
         return exc
     if isinstance(exc, EngineDeadError):
         return engine_dead()
+    if isinstance(exc, RequestError):  # the engine failed this request only, and logged why
+        return OpenAIError(500, "the engine failed this request; the server log has the details", code="request_failed")
     logger.error("internal error while serving a request", exc_info=exc)
     return _internal_error()
 
@@ -118,5 +119,6 @@ def install_error_handlers(app: FastAPI) -> None:
 
     app.add_exception_handler(OpenAIError, known_error)
     app.add_exception_handler(EngineDeadError, known_error)
+    app.add_exception_handler(RequestError, known_error)
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(Exception, unexpected_error)
