@@ -212,4 +212,3 @@ def test_stop_token_text_is_left_out_unless_asked_for(llm):
     forced = SamplingParams(temperature=0, max_tokens=8, skip_special_tokens=False, logit_bias={eos: 100.0})
     completion = llm.generate(PROMPT, forced, use_tqdm=False)[0].outputs[0]
     assert completion.token_ids == [eos] and completion.text == "" and completion.finish_reason == "stop"
-

@@ -125,7 +125,10 @@ class AsyncLLM:
                 for output in self.engine.step():
                     self._deliver(output.request_id, output)
         except BaseException as exc:  # report to every waiting consumer instead of hanging them
-            logger.exception("engine loop died")
+            if isinstance(exc, EngineDeadError):
+                logger.error("engine loop died: %s", exc)  # the engine logged the traceback
+            else:
+                logger.exception("engine loop died")
             self.dead_error = exc
             reason = f"engine loop died: {exc!r}"
         finally:
