@@ -16,9 +16,10 @@ from kvserve.config import AUTO, EngineConfig
 from kvserve.engine import components
 from kvserve.engine.model_runner import ModelRunner, StepLogits
 from kvserve.engine.output_processor import RequestState, SequenceState
-from kvserve.engine.sampler import Sampler, SamplerOutput, bad_word_token_ids, top_logprobs
+from kvserve.engine.sampler import Sampler, SamplerOutput, top_logprobs
 from kvserve.engine.stats import EngineStats, StatLogger
-from kvserve.errors import CapacityError, ConfigError, EngineDeadError
+from kvserve.engine.validation import check_request
+from kvserve.errors import ConfigError, EngineDeadError
 from kvserve.interfaces import QuantizationMethod, SchedulerOutput
 from kvserve.layers import QuantLinear, UnquantizedLinearMethod
 from kvserve.logging_setup import configure_logging
@@ -200,25 +201,14 @@ class LLMEngine:
     def _check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> list[list[int]]:
         """:meth:`validate_prompt`; returns the bad words as token ids."""
         self._check_alive()
-        if not prompt_token_ids:
-            raise ValueError("prompt: empty prompt")
-        vocab = self.hf_config.vocab_size
-        _check_token_ids("prompt_token_ids", prompt_token_ids, vocab)
-        _check_token_ids("stop_token_ids", params.stop_token_ids, vocab)
-        _check_token_ids("allowed_token_ids", params.allowed_token_ids or [], vocab)
-        _check_token_ids("logit_bias", list(params.logit_bias), vocab)
-        limit = self.config.scheduler.max_num_seqs_per_request
-        if params.n > limit:
-            raise ValueError(f"n: {params.n} completions exceed max_num_seqs_per_request={limit}")
-        needed = len(prompt_token_ids) + (params.max_tokens or 1)
-        if len(prompt_token_ids) >= self.max_model_len or needed > self.max_model_len and params.max_tokens:
-            raise CapacityError(
-                f"max_tokens: prompt ({len(prompt_token_ids)} tokens) + max_tokens ({params.max_tokens}) "
-                f"exceeds max_model_len={self.max_model_len}"
-            )
-        bad_words = bad_word_token_ids(params.bad_words, self.tokenizer)
-        _check_token_ids("bad_words", [t for word in bad_words for t in word], vocab)
-        return bad_words
+        return check_request(
+            prompt_token_ids,
+            params,
+            vocab_size=self.hf_config.vocab_size,
+            max_model_len=self.max_model_len,
+            max_n=self.config.scheduler.max_num_seqs_per_request,
+            tokenizer=self.tokenizer,
+        )
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request now and free all its KV blocks (unknown ids are ignored)."""
@@ -433,12 +423,6 @@ class LLMEngine:
         """Forget every cached KV block (e.g. after the weights changed); False, changing nothing,
         while requests still hold blocks."""
         return self.kv_cache_manager.reset_prefix_cache()
-
-
-def _check_token_ids(field: str, token_ids: list[int], vocab: int) -> None:
-    bad = [t for t in token_ids if not (isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab)]
-    if bad:
-        raise ValueError(f"{field}: token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
 
 
 def _follower_params(params: SamplingParams, index: int) -> SamplingParams:
