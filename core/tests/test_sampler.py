@@ -187,3 +187,15 @@ def test_out_of_range_numbers_are_refused_naming_the_field(fields, name):
 def test_tiny_temperatures_are_greedy():
     assert SamplingParams(temperature=1e-6).greedy and not SamplingParams(temperature=1e-4).greedy
     assert SamplingParams(seed=2**63 - 3, n=3).seed == 2**63 - 3
+
+
+def test_every_filter_holds_for_its_rows_in_one_mixed_batch():
+    logits = torch.log(torch.tensor([[0.5, 0.25, 0.15, 0.1] + [1e-9] * (VOCAB - 4)]))
+    kinds = [({"top_k": 2}, {0, 1}), ({"top_p": 0.7}, {0, 1}), ({"min_p": 0.35}, {0, 1}),
+             ({"top_k": 3, "top_p": 0.7}, {0, 1}), ({"top_k": 3}, {0, 1, 2}), ({}, None)]  # fmt: skip
+    # Every other round of kinds seeded, each row with its own seed.
+    rows = [request(f"r{i}", seed=i if (i // len(kinds)) % 2 else None, **kinds[i % len(kinds)][0]) for i in range(600)]
+    tokens = Sampler(0)(logits.repeat(len(rows), 1), rows).tokens
+    for k, (params, support) in enumerate(kinds):
+        drawn = set(tokens[k :: len(kinds)])
+        assert drawn == support if support is not None else {0, 1, 2, 3} <= drawn, params

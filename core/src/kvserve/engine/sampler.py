@@ -80,20 +80,54 @@ class Sampler:
 
         The draw is the exponential race ``argmax(p / E)`` written as ``argmax(z - log E)``
         (``z`` the scaled logits): the normalizer is the same for every column, so no softmax
-        and nothing that depends on the batch enters the choice.
+        enters the choice. Rows with a top-k draw over their own ``k`` best candidates (best
+        first), the others over the whole vocabulary in token-id order: either way a seeded
+        row's noise depends on its own parameters only, never on its neighbours.
         """
-        params = [r.sampling_params for r in requests]
         device = logits.device
-        temperature = torch.tensor([p.temperature for p in params], dtype=logits.dtype, device=device)
+        temperature = torch.tensor([r.sampling_params.temperature for r in requests], dtype=logits.dtype, device=device)
         scaled = logits / temperature.unsqueeze(1)
-        keep = _filter_mask(scaled, params)
-        scores = scaled - self._exponential_noise(scaled.shape, requests, device).log()
-        if keep is not None:
-            scores = scores.masked_fill(~keep, float("-inf"))
-        return scores.argmax(dim=-1)
+        vocab = scaled.shape[1]
+        top_k = [min(r.sampling_params.top_k, vocab) if r.sampling_params.top_k > 0 else vocab for r in requests]
+        tokens = torch.empty(len(requests), dtype=torch.long, device=device)
+        for rows, sample in (
+            ([i for i, k in enumerate(top_k) if k < vocab], self._sample_top_k),
+            ([i for i, k in enumerate(top_k) if k == vocab], self._sample_all),
+        ):
+            if rows:
+                index = torch.tensor(rows, device=device)
+                tokens[index] = sample(scaled[index], [requests[i] for i in rows], [top_k[i] for i in rows])
+        return tokens
 
-    def _exponential_noise(self, shape: torch.Size, requests: list[Request], device: torch.device) -> torch.Tensor:
-        noise = torch.empty(shape, device=device)
+    def _sample_top_k(self, scaled: torch.Tensor, requests: list[Request], top_k: list[int]) -> torch.Tensor:
+        """Rows with a top-k: only the batch's widest ``k`` best candidates are looked at."""
+        device = scaled.device
+        values, ids = scaled.topk(max(top_k), dim=-1)  # best first
+        drop = torch.arange(values.shape[1], device=device).unsqueeze(0) >= torch.tensor(top_k, device=device)[:, None]
+        drop |= _top_p_drop(values, drop, requests) | _min_p_drop(values, values[:, :1], requests)
+        noise = self._exponential_noise(values.shape, requests, top_k, device)
+        choice = (values - noise.log()).masked_fill(drop, float("-inf")).argmax(dim=-1)
+        return ids.gather(1, choice.unsqueeze(1)).squeeze(1)
+
+    def _sample_all(self, scaled: torch.Tensor, requests: list[Request], top_k: list[int]) -> torch.Tensor:
+        """Rows without a top-k, in token-id order; only rows with a top-p sort the vocabulary."""
+        device = scaled.device
+        drop = _min_p_drop(scaled, scaled.max(dim=-1, keepdim=True).values, requests)
+        nucleus = [i for i, r in enumerate(requests) if r.sampling_params.top_p < 1.0]
+        if nucleus:
+            index = torch.tensor(nucleus, device=device)
+            values, ids = scaled[index].sort(dim=-1, descending=True)
+            none = torch.zeros_like(values, dtype=torch.bool)
+            sorted_drop = _top_p_drop(values, none, [requests[i] for i in nucleus])
+            drop[index] |= torch.zeros_like(sorted_drop).scatter_(1, ids, sorted_drop)
+        noise = self._exponential_noise(scaled.shape, requests, top_k, device)
+        return (scaled - noise.log()).masked_fill(drop, float("-inf")).argmax(dim=-1)
+
+    def _exponential_noise(
+        self, shape: torch.Size, requests: list[Request], widths: list[int], device: torch.device
+    ) -> torch.Tensor:
+        """Exp(1) noise; a seeded row draws exactly ``widths[row]`` values from its own generator."""
+        noise = torch.ones(shape, device=device)  # columns past a row's width are masked anyway
         unseeded = [row for row, r in enumerate(requests) if r.sampling_params.seed is None]
         if unseeded:
             draws = torch.empty(len(unseeded), shape[1], device=device).exponential_(generator=self._generator(device))
@@ -104,7 +138,7 @@ class Sampler:
                 gen = self.request_generators.get(request.request_id)
                 if gen is None:
                     gen = self.request_generators[request.request_id] = torch.Generator(device=device).manual_seed(seed)
-                noise[row].exponential_(generator=gen)
+                noise[row, : widths[row]].exponential_(generator=gen)
         return noise
 
     def _generator(self, device: torch.device) -> torch.Generator:
@@ -115,33 +149,23 @@ class Sampler:
         return gen
 
 
-def _filter_mask(scaled: torch.Tensor, params: list) -> torch.Tensor | None:
-    """``[rows, vocab]`` True where top-k, top-p and min-p keep a token (token-id order); None: all kept."""
-    rows, vocab = scaled.shape
-    device = scaled.device
-    top_k = [min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params]
-    filtered = [i for i, p in enumerate(params) if top_k[i] < vocab or p.top_p < 1.0]
-    keep = None
-    if filtered:
-        # Only the rows that filter, over the widest candidate set they need (all, for top-p).
-        width = vocab if any(params[i].top_p < 1.0 for i in filtered) else max(top_k[i] for i in filtered)
-        values, ids = scaled[torch.tensor(filtered, device=device)].topk(width, dim=-1)  # best first
-        k = torch.tensor([top_k[i] for i in filtered], device=device).unsqueeze(1)
-        drop = torch.arange(width, device=device).unsqueeze(0) >= k
-        top_p = torch.tensor([params[i].top_p for i in filtered], dtype=scaled.dtype, device=device).unsqueeze(1)
-        if (top_p < 1.0).any():
-            probs = values.masked_fill(drop, float("-inf")).softmax(dim=-1)
-            # keep the smallest prefix whose mass reaches top_p (the top token is always kept)
-            drop |= (probs.cumsum(dim=-1) - probs) >= top_p
-        kept = torch.zeros(len(filtered), vocab, dtype=torch.bool, device=device).scatter_(1, ids, ~drop)
-        keep = torch.ones(rows, vocab, dtype=torch.bool, device=device)
-        keep[torch.tensor(filtered, device=device)] = kept
-    if any(p.min_p > 0.0 for p in params):
-        # p < min_p * p_max  <=>  z < z_max + log(min_p), on the scaled logits (log 0 = -inf keeps all)
-        log_min_p = torch.tensor([math.log(p.min_p) if p.min_p > 0 else -math.inf for p in params], device=device)
-        above = scaled >= scaled.max(dim=-1, keepdim=True).values + log_min_p.unsqueeze(1)
-        keep = above if keep is None else keep & above
-    return keep
+def _top_p_drop(values: torch.Tensor, drop: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+    """For candidates sorted best first (``drop`` already excluded): those outside the smallest
+    prefix whose probability mass reaches ``top_p`` (the best one is always kept)."""
+    top_p = torch.tensor([r.sampling_params.top_p for r in requests], dtype=values.dtype, device=values.device)
+    if not (top_p < 1.0).any():
+        return torch.zeros_like(drop)
+    probs = values.masked_fill(drop, float("-inf")).softmax(dim=-1)
+    return (probs.cumsum(dim=-1) - probs) >= top_p.unsqueeze(1)
+
+
+def _min_p_drop(values: torch.Tensor, best: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+    """``p < min_p * p_max``, i.e. ``z < z_max + log(min_p)`` on the scaled logits (``best``: ``z_max``)."""
+    min_p = [r.sampling_params.min_p for r in requests]
+    if not any(m > 0.0 for m in min_p):
+        return torch.zeros_like(values, dtype=torch.bool)
+    log_min_p = torch.tensor([math.log(m) if m > 0.0 else -math.inf for m in min_p], device=values.device)
+    return values < best + log_min_p.unsqueeze(1)
 
 
 def _process_row(logits: torch.Tensor, row: int, request: Request) -> None:
