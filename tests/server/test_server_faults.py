@@ -157,17 +157,25 @@ def test_official_client_raises_the_matching_errors(client: openai.OpenAI) -> No
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": 42}])
 
 
-def test_requests_over_the_concurrency_limit_get_429(tiny_llm: AsyncLLM, make_server) -> None:
+def test_sequences_over_the_concurrency_limit_get_429(tiny_llm: AsyncLLM, make_server) -> None:
     body = {"model": MODEL, "prompt": "Hold on", "max_tokens": 1000, "ignore_eos": True, "stream": True}
-    with make_server(tiny_llm, max_concurrent_requests=2) as limited, httpx.Client(base_url=limited.url) as http:
-        with http.stream("POST", "/v1/completions", json=body), http.stream("POST", "/v1/completions", json=body):
+    fields = {"max_concurrent_sequences": 4, "max_sequences_per_request": 3}
+    with make_server(tiny_llm, **fields) as limited, httpx.Client(base_url=limited.url) as http:
+        # One request of n=2 and another of two prompts hold all four sequences.
+        with (
+            http.stream("POST", "/v1/completions", json={**body, "n": 2}),
+            http.stream("POST", "/v1/completions", json={**body, "prompt": ["a", "b"]}),
+        ):
             refused = http.post("/v1/completions", json={"model": MODEL, "prompt": "x"})
             assert refused.status_code == 429 and refused.json()["error"]["type"] == "rate_limit_error"
+            assert "4 of 4" in refused.json()["error"]["message"]
         deadline = time.monotonic() + 5
-        while (response := http.post("/v1/completions", json={"model": MODEL, "prompt": "x"})).status_code == 429:
+        while (
+            response := http.post("/v1/completions", json={"model": MODEL, "prompt": "x", "n": 3})
+        ).status_code == 429:
             assert time.monotonic() < deadline, "slots were not released"
             time.sleep(0.05)
-        assert response.status_code == 200
+        assert response.status_code == 200 and len(response.json()["choices"]) == 3
 
 
 def test_api_key_is_required_except_for_health(tiny_llm: AsyncLLM, make_server) -> None:
