@@ -15,7 +15,7 @@ import time
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 from fastapi import Request
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, WrapValidator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue, ValidationError, WrapValidator
 from pydantic_core import PydanticCustomError
 
 from kvserve.sampling_params import SamplingParams
@@ -41,11 +41,18 @@ def _prompt_shape(value: Any, handler: Any) -> Any:
         ) from None
 
 
-PromptInput = Annotated[str | list[str] | list[int] | list[list[int]], WrapValidator(_prompt_shape)]
+def _integral_float(value: Any) -> Any:
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+Integer = Annotated[int, BeforeValidator(_integral_float)]
+"""An integer as JSON (and its schema) has it: ``2.0`` is one too, ``2.5`` and ``"2"`` are not."""
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
+Int64 = Annotated[Integer, Field(ge=INT64_MIN, le=INT64_MAX)]
 """An integer as vLLM and torch take it; Python's (and JSON's) are unbounded."""
+
+PromptInput = Annotated[str | list[str] | list[Integer] | list[list[Integer]], WrapValidator(_prompt_shape)]
 
 
 def unsupported(field: str, why: str) -> OpenAIError:
@@ -91,10 +98,10 @@ class GenerationRequest(_Strict):
     repetition_penalty: float | None = None
     min_tokens: Int64 | None = None
     ignore_eos: bool | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[Integer] | None = None
     include_stop_str_in_output: bool | None = None
     skip_special_tokens: bool | None = None
-    allowed_token_ids: list[int] | None = None
+    allowed_token_ids: list[Integer] | None = None
     bad_words: list[str] | None = None
     priority: Int64 = 0
 
@@ -239,14 +246,14 @@ class TokenizeRequest(_Strict):
 
     model: str | None = None
     prompt: str | None = None
-    messages: list[ChatMessage] | None = None
+    messages: list[ChatMessage] | None = Field(None, min_length=1)
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
 
 
 class DetokenizeRequest(_Strict):
     model: str | None = None
-    tokens: list[int]
+    tokens: list[Integer]
 
 
 # -- responses ------------------------------------------------------------------------------
