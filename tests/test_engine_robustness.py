@@ -55,7 +55,7 @@ def test_prompt_token_ids_are_checked_and_bad_words_once_tokenized(llm):
             llm.generate([prompt], SamplingParams(max_tokens=1), use_tqdm=False)
     with pytest.raises(CapacityError, match="max_tokens"):
         llm.generate(PROMPT, SamplingParams(max_tokens=10**30), use_tqdm=False)
-    assert llm.engine.config.scheduler.max_num_seqs_per_request == 128
+    assert llm.engine.config.scheduler.max_n == 128
 
 
 def test_huge_top_k_is_clamped_and_tiny_temperature_is_greedy(llm):

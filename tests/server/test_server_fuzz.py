@@ -319,17 +319,7 @@ ENGINE_BUG_CASES = {
 }
 
 
-@pytest.mark.parametrize(
-    "case",
-    [
-        pytest.param("echo_logprobs", marks=pytest.mark.xfail(strict=False, reason=(
-            "engine bug: prompt logprobs are appended again when a preemption re-prefills the prompt "
-            "(~2P-1 entries), so echo with logprobs answers 500"))),
-        pytest.param("fork", marks=pytest.mark.xfail(strict=False, reason=(
-            "engine bug: an n > 1 fork with no free block for the copied last block loses the follower's "
-            "token and LLMEngine.step raises IndexError: the engine dies, every request gets 503"))),
-    ],
-)  # fmt: skip
+@pytest.mark.parametrize("case", ["echo_logprobs", "fork"])
 def test_a_tight_kv_pool_preempts_and_forks_without_errors(
     tiny_model_dir: Path, idle: Callable[..., dict[str, float]], case: str
 ) -> None:

@@ -45,8 +45,8 @@ class CacheConfig(_Section):
 class SchedulerConfig(_Section):
     scheduler: str = AUTO
     max_num_seqs: PositiveInt = 128
-    max_num_seqs_per_request: PositiveInt = Field(
-        128, description="Most sequences one request may ask for: n (the server counts n x prompts)"
+    max_n: PositiveInt = Field(
+        128, description="Most completions one request may ask for (n per prompt); the server also caps n x prompts"
     )
     max_num_batched_tokens: PositiveInt = 2048
     enable_chunked_prefill: bool = True

@@ -194,7 +194,7 @@ class LLMEngine:
     def validate_prompt(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raise naming the field if this request can never be served: a ValueError for a token id
         outside the vocabulary (prompt, ``stop_token_ids``, ``allowed_token_ids``, ``logit_bias``,
-        tokenized ``bad_words``) or ``n`` above ``max_num_seqs_per_request``, a CapacityError for
+        tokenized ``bad_words``) or ``n`` above ``max_n``, a CapacityError for
         too long a request, EngineDeadError once the engine has stopped. Nothing decodes the prompt."""
         self._check_request(prompt_token_ids, params)
 
@@ -206,7 +206,7 @@ class LLMEngine:
             params,
             vocab_size=self.hf_config.vocab_size,
             max_model_len=self.max_model_len,
-            max_n=self.config.scheduler.max_num_seqs_per_request,
+            max_n=self.config.scheduler.max_n,
             tokenizer=self.tokenizer,
         )
 

@@ -32,7 +32,7 @@ def check_request(
     _check_token_ids("allowed_token_ids", params.allowed_token_ids or [], vocab_size)
     _check_token_ids("logit_bias", list(params.logit_bias), vocab_size)
     if params.n > max_n:
-        raise ValueError(f"n: {params.n} completions exceed max_num_seqs_per_request={max_n}")
+        raise ValueError(f"n: {params.n} completions exceed max_n={max_n}")
     needed = len(prompt_token_ids) + (params.max_tokens or 1)
     if len(prompt_token_ids) >= max_model_len or needed > max_model_len and params.max_tokens:
         raise CapacityError(
