@@ -17,7 +17,7 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 @pytest.fixture(scope="module")
 def smol() -> Iterator[openai.OpenAI]:
-    llm = AsyncLLM.from_config(EngineConfig.from_flat(max_model_len=512))
+    llm = AsyncLLM.from_config(EngineConfig.from_flat(dtype="float32", max_model_len=512))
     try:
         with ServerThread(build_app(llm, ServerConfig(port=0))) as server:
             yield openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)

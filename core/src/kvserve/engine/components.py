@@ -35,13 +35,19 @@ def resolve_platform(config: EngineConfig) -> Platform:
 
 
 def resolve_dtype(config: EngineConfig, platform: Platform) -> torch.dtype:
-    name = platform.default_dtype if config.model.dtype == AUTO else config.model.dtype
+    """The model dtype: the configured one, or under ``auto`` the platform's choice for its device."""
+    name = platform.default_dtype() if config.model.dtype == AUTO else config.model.dtype
     if name not in platform.supported_dtypes:
         raise ConfigError(
             f"dtype: {name} is not supported on platform {platform.name!r} "
             f"(supported: {', '.join(platform.supported_dtypes)})"
         )
     return getattr(torch, name)
+
+
+def dtype_reason(config: EngineConfig, platform: Platform) -> str:
+    """Why the engine runs in its dtype, for the start-up line."""
+    return "configured" if config.model.dtype != AUTO else f"auto: {platform.default_dtype_reason()}"
 
 
 def resolve_attention(

@@ -75,9 +75,10 @@ class LLMEngine:
         """Scheduler-level requests (one per completion) by id."""
         self.stat_logger = StatLogger()
         logger.info(
-            "kvserve engine: model=%s platform=%s dtype=%s attention_backend=%s scheduler=%s "
+            "kvserve engine: model=%s platform=%s dtype=%s (%s) attention_backend=%s scheduler=%s "
             "kv_cache_manager=%s block_size=%d num_kv_blocks=%d (%d tokens) max_model_len=%d",
-            source.path, self.platform.name, str(self.dtype).removeprefix("torch."), backend_cls.name,
+            source.path, self.platform.name, str(self.dtype).removeprefix("torch."),
+            components.dtype_reason(config, self.platform), backend_cls.name,
             scheduler_cls.name, manager_cls.name, spec.block_size, num_blocks - 1,
             (num_blocks - 1) * spec.block_size, self.max_model_len,
         )  # fmt: skip
@@ -141,7 +142,7 @@ class LLMEngine:
         if cache.num_kv_blocks is not None:
             usable, source = cache.num_kv_blocks, "num_kv_blocks"
         else:
-            budget = cache.kv_cache_memory or self.platform.kv_cache_memory_bytes()
+            budget = cache.kv_cache_memory or self.platform.kv_cache_memory_bytes(0, None)  # profiled: branch seam
             # No point reserving more than max_num_seqs full-length sequences can use.
             usable = min(budget // block_bytes, self.config.scheduler.max_num_seqs * blocks_per_seq)
             source = "kv_cache_memory"

@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import random
+import re
+from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
-from kvserve.interfaces import Platform
+from kvserve.interfaces import DeviceCapability, Platform
 
 
 class FixedBudgetCpuPlatform(Platform):
-    """Runs on the host CPU; the KV cache gets 256 MiB unless the config says otherwise."""
+    """Runs on the host CPU in float32; the KV cache gets 256 MiB unless the config says otherwise."""
 
     name = "example_cpu"
     device_type = "cpu"
     supported_dtypes = ("float32", "bfloat16")
-    default_dtype = "float32"
     preferred_attention_backends = ("cpu", "naive")
     distributed_backend = "gloo"
 
@@ -23,13 +25,33 @@ class FixedBudgetCpuPlatform(Platform):
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
+        if not Path("/proc/self/status").is_file():
+            return "measures memory through /proc (Linux only)"
         return None  # a CPU is always there
 
     def device(self) -> torch.device:
         return torch.device("cpu")
 
-    def kv_cache_memory_bytes(self) -> int:
-        return self.KV_CACHE_BYTES
+    def default_dtype(self) -> str:
+        return "float32"
+
+    def default_dtype_reason(self) -> str:
+        return "the example platform always runs float32"
+
+    def capability(self) -> DeviceCapability:
+        return DeviceCapability(name="host CPU")
+
+    def profile_peak_memory(self, fn: Callable[[], object]) -> int:
+        # Linux: writing "5" to clear_refs resets the peak resident set (VmHWM) to the current one.
+        status = Path("/proc/self/status")
+        before = int(re.search(r"VmRSS:\s+(\d+)", status.read_text()).group(1))
+        Path("/proc/self/clear_refs").write_text("5")
+        fn()
+        peak = int(re.search(r"VmHWM:\s+(\d+)", status.read_text()).group(1))
+        return max(peak - before, 0) * 1024
+
+    def kv_cache_memory_bytes(self, peak_activation_bytes: int, fraction: float | None) -> int:
+        return self.KV_CACHE_BYTES  # fixed: this host keeps far more than that free
 
     def synchronize(self) -> None:
         """CPU operations are finished when they return."""
