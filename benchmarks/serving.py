@@ -29,7 +29,8 @@ import httpx
 import torch
 
 from kvserve.benchmarking.hf_baseline import Timing, hf_generate, hf_generate_sequential, load_hf_model
-from kvserve.benchmarking.serving_client import percentile, run_serving_benchmark
+from kvserve.benchmarking.percentile import percentile
+from kvserve.benchmarking.serving_client import run_serving_benchmark
 from kvserve.benchmarking.workload import chat_prompt_ids
 from kvserve.loader import open_model
 from kvserve.loader.default_model import default_model_directory

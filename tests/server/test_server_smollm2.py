@@ -9,8 +9,8 @@ import pytest
 
 from kvserve.config import EngineConfig, ServerConfig
 from kvserve.engine.async_llm import AsyncLLM
+from kvserve.loader.default_model import EMBEDDED_MODEL_NAME
 from kvserve.server import ServerThread, build_app
-from kvserve.server.state import EMBEDDED_MODEL_NAME
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 

@@ -19,3 +19,7 @@ class UnknownComponentError(PluginError):
 
 class CapacityError(KvserveError):
     """A request can never fit in the engine (prompt longer than max_model_len or the KV cache)."""
+
+
+class MissingExtraError(KvserveError, ImportError):
+    """An optional dependency group of kvserve-core is not installed; the message says what to install."""
