@@ -82,8 +82,13 @@ class Platform(ABC):
     @abstractmethod
     def profile_peak_memory(self, fn: Callable[[], object]) -> int:
         """Run ``fn`` (the engine passes one forward at ``max_num_batched_tokens``) and return the bytes
-        of peak memory it used beyond what was in use before it: the activation memory the KV cache
-        budget must leave free. Return 0 only where the platform truly cannot measure."""
+        of peak device memory it used beyond what was in use before it: the activation memory the KV
+        cache budget must leave free (CUDA: the ``max_memory_allocated`` rise).
+
+        A platform that does not measure returns 0 *without running* ``fn`` (the CPU: host memory
+        dwarfs the activations, and the forward would cost seconds of start-up); one that runs
+        ``fn`` runs it once and must count memory allocated and freed inside it.
+        """
 
     @abstractmethod
     def kv_cache_memory_bytes(self, peak_activation_bytes: int, fraction: float | None) -> int:

@@ -10,7 +10,6 @@ import torch
 
 from kvserve.interfaces import DeviceCapability, Platform
 from kvserve_platform_cpu.cpu_info import cpu_name_and_flags, native_bf16_feature
-from kvserve_platform_cpu.peak_memory import peak_rss_delta
 
 # Without an explicit fraction the KV cache takes this share of available memory, capped,
 # so a laptop user is not surprised by a multi-GiB allocation.
@@ -46,7 +45,9 @@ class CpuPlatform(Platform):
         return DeviceCapability(name=name, features=flags)
 
     def profile_peak_memory(self, fn: Callable[[], object]) -> int:
-        return peak_rss_delta(fn)
+        """0 without running ``fn``: next to host memory the activation peak is small (the budget is
+        a capped share of what is free), and a full-batch forward would cost seconds of start-up."""
+        return 0
 
     def kv_cache_memory_bytes(self, peak_activation_bytes: int, fraction: float | None) -> int:
         free = max(psutil.virtual_memory().available - peak_activation_bytes, 0)

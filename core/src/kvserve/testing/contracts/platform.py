@@ -25,8 +25,9 @@ class PlatformContract(ComponentContract):
     platform is available (otherwise skipped with its reason): ``device()`` has the platform's
     device type and runs a matmul in every dtype the instance supports (a subset of the class's),
     ``default_dtype()`` is one of them and ``default_dtype_reason()`` says why, ``capability()``
-    is a well-formed :class:`~kvserve.interfaces.DeviceCapability`, ``profile_peak_memory`` runs
-    its function once and sees a 64 MiB device allocation made and freed inside it,
+    is a well-formed :class:`~kvserve.interfaces.DeviceCapability`, ``profile_peak_memory`` either
+    does not measure (0, its function not run) or runs it once and sees a 64 MiB device allocation
+    made and freed inside it,
     ``kv_cache_memory_bytes`` is a positive int that never grows when more activation memory is
     reserved, ``synchronize`` works, the distributed backend exists in this torch, and
     ``seed_everything`` makes torch and ``random`` reproducible (same seed, same numbers;
@@ -108,7 +109,8 @@ class PlatformContract(ComponentContract):
         )
 
     def test_profile_peak_memory_sees_memory_freed_inside(self, instance):
-        """The engine profiles a forward whose activations are gone when it returns: the peak counts."""
+        """The engine profiles a forward whose activations are gone when it returns: the peak counts
+        (skipped, saying so, for a platform that does not measure)."""
         device, calls = instance.device(), []
         size = 64 << 20
 
@@ -119,6 +121,8 @@ class PlatformContract(ComponentContract):
             del block
 
         measured = instance.profile_peak_memory(work)
+        if not calls and measured == 0:
+            pytest.skip("this platform does not measure peak memory (0, without running the function)")
         assert calls == [1], f"profile_peak_memory ran its function {len(calls)} times; it must run it once"
         assert isinstance(measured, int) and measured >= size // 2, (
             f"profile_peak_memory reported {measured!r} bytes for a function that held {size} bytes at its peak"
