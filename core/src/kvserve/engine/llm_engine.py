@@ -320,7 +320,9 @@ class LLMEngine:
         for index, logits in step.prompt_logits.items():
             item = plan.scheduled[index]
             state, _ = self.sequences[item.request.request_id]
-            targets = torch.tensor(item.request.prompt_token_ids[item.start + 1 : item.start + 1 + len(logits)])
+            targets = torch.tensor(
+                item.request.prompt_token_ids[item.start + 1 : item.start + 1 + len(logits)], device=logits.device
+            )
             top_n = [state.params.prompt_logprobs] * len(logits)
             state.prompt_logprobs.extend(top_logprobs(logits.log_softmax(dim=-1), targets, top_n))
 
