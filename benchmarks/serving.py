@@ -37,7 +37,9 @@ from kvserve.loader.default_model import default_model_directory
 
 
 def start_server(port: int) -> subprocess.Popen:
+    # float32, as the HF baseline below: like for like.
     command = [sys.executable, "-m", "kvserve.cli", "serve", "--port", str(port), "--log-level", "warning"]
+    command += ["--dtype", "float32"]
     env = {**os.environ, "KVSERVE_LOG_LEVEL": "WARNING"}
     process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL)
     deadline = time.monotonic() + 600
