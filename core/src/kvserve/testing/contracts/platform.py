@@ -22,16 +22,19 @@ class PlatformContract(ComponentContract):
     Checked without using the device: the class facts are consistent (registry name, torch
     device type, dtype names, preferred attention backends as names, a distributed backend
     name) and ``unavailable_reason`` answers fast without raising. On a machine where the
-    platform is available (otherwise skipped with its reason): ``device()`` has the platform's
-    device type and runs a matmul in every dtype the instance supports (a subset of the class's),
-    ``default_dtype()`` is one of them and ``default_dtype_reason()`` says why, ``capability()``
-    is a well-formed :class:`~kvserve.interfaces.DeviceCapability`, ``profile_peak_memory`` either
-    does not measure (0, its function not run) or runs it once and sees a 64 MiB device allocation
-    made and freed inside it,
-    ``kv_cache_memory_bytes`` is a positive int that never grows when more activation memory is
-    reserved, ``synchronize`` works, the distributed backend exists in this torch, and
-    ``seed_everything`` makes torch and ``random`` reproducible (same seed, same numbers;
-    another seed, other numbers).
+    platform is available (otherwise skipped with its reason):
+
+    - ``device()`` has the platform's device type and runs a matmul in every dtype the instance
+      supports (a subset of the class's);
+    - ``default_dtype()`` is one of them and ``default_dtype_reason()`` says why;
+    - ``capability()`` is a well-formed :class:`~kvserve.interfaces.DeviceCapability`;
+    - ``profile_peak_memory`` either does not measure (0, its function not run) or runs it once
+      and counts a 64 MiB device allocation made and freed inside it;
+    - ``kv_cache_memory_bytes`` is a positive int that never grows when more activation memory
+      is set aside;
+    - ``synchronize`` works, the distributed backend exists in this torch, and
+      ``seed_everything`` makes torch and ``random`` reproducible (same seed, same numbers;
+      another seed, other numbers).
     """
 
     kind = "platform"
