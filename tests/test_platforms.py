@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from kvserve import LLM
+from kvserve.engine import components
 from kvserve.errors import ConfigError
 from kvserve.logging_setup import configure_logging
 from kvserve.testing.hf_models import build_tiny_model
@@ -65,3 +66,13 @@ def test_startup_line_says_the_dtype_and_why(model_path, startup_lines):
     startup_lines.clear()
     LLM(str(model_path), dtype="float32", max_model_len=64, num_kv_blocks=16)
     assert "dtype=float32 (configured)" in next(m for m in startup_lines if m.startswith("kvserve engine:"))
+
+
+def test_auto_passes_over_a_platform_no_installed_backend_runs_on():
+    """A GPU machine with only CPU attention installed runs on the CPU under platform="auto"."""
+
+    class Elsewhere(CpuPlatform):
+        device_type = "meta"
+
+    assert components.unserved_reason(CpuPlatform) is None
+    assert components.unserved_reason(Elsewhere) == "no installed attention backend runs on 'meta' devices"
