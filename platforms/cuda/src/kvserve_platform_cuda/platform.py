@@ -69,11 +69,12 @@ class CudaPlatform(Platform):
         fn()
         torch.cuda.synchronize(self.index)
         peak = torch.cuda.max_memory_allocated(self.index) - before
-        # Give the activations' cached blocks back so mem_get_info counts them as free, once.
-        torch.cuda.empty_cache()
         return max(int(peak), 0)
 
     def kv_cache_memory_bytes(self, peak_activation_bytes: int, fraction: float | None) -> int:
+        # Blocks torch's allocator caches but no tensor uses (the profiled activations, a throwaway
+        # cache) go back to the driver first, so they count as free once, not as used.
+        torch.cuda.empty_cache()
         free, _total = torch.cuda.mem_get_info(self.index)
         share = KV_CACHE_MEMORY_FRACTION if fraction is None else fraction
         return max(int((free - peak_activation_bytes) * share), 0)
