@@ -142,7 +142,8 @@ class LLMEngine:
         if cache.num_kv_blocks is not None:
             usable, source = cache.num_kv_blocks, "num_kv_blocks"
         else:
-            budget = cache.kv_cache_memory or self.platform.kv_cache_memory_bytes(0, None)  # profiled: branch seam
+            # No profiling forward yet: branch seam measures the activation peak and passes the fraction.
+            budget = cache.kv_cache_memory or self.platform.kv_cache_memory_bytes(0, None)
             # No point reserving more than max_num_seqs full-length sequences can use.
             usable = min(budget // block_bytes, self.config.scheduler.max_num_seqs * blocks_per_seq)
             source = "kv_cache_memory"
