@@ -29,14 +29,17 @@ import httpx
 import torch
 
 from kvserve.benchmarking.hf_baseline import Timing, hf_generate, hf_generate_sequential, load_hf_model
-from kvserve.benchmarking.serving_client import percentile, run_serving_benchmark
+from kvserve.benchmarking.percentile import percentile
+from kvserve.benchmarking.serving_client import run_serving_benchmark
 from kvserve.benchmarking.workload import chat_prompt_ids
 from kvserve.loader import open_model
 from kvserve.loader.default_model import default_model_directory
 
 
 def start_server(port: int) -> subprocess.Popen:
+    # float32, as the HF baseline below: like for like.
     command = [sys.executable, "-m", "kvserve.cli", "serve", "--port", str(port), "--log-level", "warning"]
+    command += ["--dtype", "float32"]
     env = {**os.environ, "KVSERVE_LOG_LEVEL": "WARNING"}
     process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL)
     deadline = time.monotonic() + 600

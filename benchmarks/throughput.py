@@ -23,7 +23,7 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=64)
     args = parser.parse_args()
 
-    llm = LLM(max_model_len=2048)
+    llm = LLM(max_model_len=2048, dtype="float32")  # the HF baseline runs float32: like for like
     tokenizer = llm.get_tokenizer()
     prompt_ids = chat_prompt_ids(tokenizer, args.num_prompts)
     measure_throughput(llm, prompt_ids[:2], 4, progress=False)  # warm-up

@@ -53,18 +53,18 @@ def _tokens(llm, prompt_ids):
 
 def test_batched_greedy_matches_hf(tiny_model):
     path, prompt_ids, expected = tiny_model
-    assert _tokens(LLM(str(path), max_model_len=128, num_kv_blocks=64), prompt_ids) == expected
+    assert _tokens(LLM(str(path), dtype="float32", max_model_len=128, num_kv_blocks=64), prompt_ids) == expected
 
 
 def test_chunked_prefill_matches_hf(tiny_model):
     path, prompt_ids, expected = tiny_model
-    llm = LLM(str(path), max_model_len=128, num_kv_blocks=64, max_num_batched_tokens=7)
+    llm = LLM(str(path), dtype="float32", max_model_len=128, num_kv_blocks=64, max_num_batched_tokens=7)
     assert _tokens(llm, prompt_ids) == expected
 
 
 def test_preemption_matches_hf(tiny_model):
     path, prompt_ids, expected = tiny_model
-    llm = LLM(str(path), max_model_len=72, block_size=4, num_kv_blocks=18)
+    llm = LLM(str(path), dtype="float32", max_model_len=72, block_size=4, num_kv_blocks=18)
     assert _tokens(llm, prompt_ids) == expected
     assert llm.engine.num_preemptions > 0, "the tiny KV cache should have forced preemption"
     assert llm.engine.kv_cache_manager.num_free_blocks() == 18

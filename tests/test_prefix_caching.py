@@ -35,7 +35,7 @@ def tiny(tmp_path_factory):
     """The model and its greedy tokens from a plain run (no caching, no pressure; HF parity is
     tests/test_hf_parity.py's business)."""
     path = build_tiny_model("llama", tmp_path_factory.mktemp("prefix"))
-    reference = LLM(str(path), max_model_len=64, num_kv_blocks=64, enable_prefix_caching=False)
+    reference = LLM(str(path), dtype="float32", max_model_len=64, num_kv_blocks=64, enable_prefix_caching=False)
     return path, [completions[0] for completions in _generate(reference, PROMPTS)]
 
 
@@ -53,7 +53,7 @@ def _assert_no_leaks(llm: LLM) -> None:
 def test_greedy_tokens_same_with_prefix_caching_on_and_off(tiny, config):
     path, expected = tiny
     for caching in (False, True):
-        llm = LLM(str(path), max_model_len=64, enable_prefix_caching=caching, **CONFIGS[config])
+        llm = LLM(str(path), dtype="float32", max_model_len=64, enable_prefix_caching=caching, **CONFIGS[config])
         # Two batches: the second also reuses what the first left cached.
         got = _generate(llm, PROMPTS[:3]) + _generate(llm, PROMPTS)
         assert got == [[tokens] for tokens in expected[:3] + expected], f"prefix caching {'on' if caching else 'off'}"
@@ -65,14 +65,14 @@ def test_greedy_tokens_same_with_prefix_caching_on_and_off(tiny, config):
 
 def test_n_greater_than_one_shares_the_prompt_and_keeps_greedy_tokens(tiny):
     path, expected = tiny
-    llm = LLM(str(path), max_model_len=64, **CONFIGS["preempted"])
+    llm = LLM(str(path), dtype="float32", max_model_len=64, **CONFIGS["preempted"])
     assert _generate(llm, PROMPTS[:2], n=3) == [[tokens] * 3 for tokens in expected[:2]]
     _assert_no_leaks(llm)
 
 
 def test_hit_accounting_is_exact(tiny):
     path, _ = tiny
-    llm = LLM(str(path), max_model_len=64, block_size=16, num_kv_blocks=64)
+    llm = LLM(str(path), dtype="float32", max_model_len=64, block_size=16, num_kv_blocks=64)
     _generate(llm, [PROMPTS[0]])
     stats = llm.engine.kv_cache_manager.stats()
     assert (stats.prefix_queries, stats.prefix_hits) == (40, 0)
@@ -88,7 +88,7 @@ def test_hit_accounting_is_exact(tiny):
 
 def test_forced_hash_collisions_never_reuse_wrong_kv(tiny):
     path, expected = tiny
-    llm = LLM(str(path), max_model_len=64, block_size=4, num_kv_blocks=64)
+    llm = LLM(str(path), dtype="float32", max_model_len=64, block_size=4, num_kv_blocks=64)
     # Blocks at the same position all collide, whatever their tokens: only verification keeps KV right.
     llm.engine.kv_cache_manager.prefix_cache.hash_fn = lambda parent, tokens, extra: hash(parent)
     got = _generate(llm, PROMPTS[:3]) + _generate(llm, PROMPTS[3:])

@@ -24,13 +24,13 @@ def model_path(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def expected(model_path):
-    reference = LLM(str(model_path), max_model_len=64, num_kv_blocks=64, scheduler="fifo")
+    reference = LLM(str(model_path), dtype="float32", max_model_len=64, num_kv_blocks=64, scheduler="fifo")
     return [o.outputs[0].token_ids for o in reference.generate([*PROMPTS, URGENT], GREEDY, use_tqdm=False)]
 
 
 def _pressured_priority_llm(model_path) -> LLM:
     # 6 prompts of 3 blocks fit in 20 blocks; their outputs (8 blocks each) do not.
-    return LLM(str(model_path), max_model_len=64, block_size=4, num_kv_blocks=20, scheduler="priority")
+    return LLM(str(model_path), dtype="float32", max_model_len=64, block_size=4, num_kv_blocks=20, scheduler="priority")
 
 
 def test_priority_orders_admission_and_victims_and_keeps_greedy_tokens(model_path, expected, monkeypatch):

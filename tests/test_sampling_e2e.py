@@ -22,7 +22,7 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def llm(model_dir):
-    return LLM(str(model_dir), max_model_len=128, num_kv_blocks=96, block_size=16)
+    return LLM(str(model_dir), dtype="float32", max_model_len=128, num_kv_blocks=96, block_size=16)
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +51,9 @@ def test_greedy_logprobs_match_hf_at_every_step(llm, hf):
 
 
 def test_prompt_logprobs_match_hf_forward_with_chunked_prefill(model_dir, hf):
-    llm = LLM(str(model_dir), max_model_len=128, num_kv_blocks=32, max_num_batched_tokens=5, block_size=4)
+    llm = LLM(
+        str(model_dir), dtype="float32", max_model_len=128, num_kv_blocks=32, max_num_batched_tokens=5, block_size=4
+    )
     ids = llm.get_tokenizer().encode(PROMPT)
     llm.generate([ids], SamplingParams(max_tokens=1), use_tqdm=False)  # the prompt is now prefix-cached
     out = llm.generate([ids], SamplingParams(max_tokens=1, prompt_logprobs=3), use_tqdm=False)[0]
@@ -144,7 +146,9 @@ def test_streaming_deltas_add_up_and_abort_mid_stream_frees_all_blocks(llm):
 
 
 def test_n_samples_share_prompt_blocks_and_equal_separately_seeded_requests(model_dir):
-    llm = LLM(str(model_dir), max_model_len=128, num_kv_blocks=64, block_size=16, enable_prefix_caching=False)
+    llm = LLM(
+        str(model_dir), dtype="float32", max_model_len=128, num_kv_blocks=64, block_size=16, enable_prefix_caching=False
+    )
     engine, manager = llm.engine, llm.engine.kv_cache_manager
     ids = llm.get_tokenizer().encode(" ".join([PROMPT] * 3))
     full_blocks, partial = divmod(len(ids), 16)

@@ -17,7 +17,7 @@ QUESTIONS = [
 
 @pytest.fixture(scope="module")
 def llm():
-    return LLM(max_model_len=512)
+    return LLM(dtype="float32", max_model_len=512)
 
 
 def test_greedy_tokens_match_hf_transformers_loading_the_same_gguf(llm):

@@ -37,7 +37,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_llm(tiny_model_dir: Path) -> Iterator[AsyncLLM]:
-    llm = AsyncLLM.from_config(EngineConfig.from_flat(model=str(tiny_model_dir), max_num_seqs=128))
+    llm = AsyncLLM.from_config(EngineConfig.from_flat(model=str(tiny_model_dir), dtype="float32", max_num_seqs=128))
     yield llm
     llm.shutdown()
 

@@ -9,15 +9,15 @@ import pytest
 
 from kvserve.config import EngineConfig, ServerConfig
 from kvserve.engine.async_llm import AsyncLLM
+from kvserve.loader.default_model import EMBEDDED_MODEL_NAME
 from kvserve.server import ServerThread, build_app
-from kvserve.server.state import EMBEDDED_MODEL_NAME
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture(scope="module")
 def smol() -> Iterator[openai.OpenAI]:
-    llm = AsyncLLM.from_config(EngineConfig.from_flat(max_model_len=512))
+    llm = AsyncLLM.from_config(EngineConfig.from_flat(dtype="float32", max_model_len=512))
     try:
         with ServerThread(build_app(llm, ServerConfig(port=0))) as server:
             yield openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)

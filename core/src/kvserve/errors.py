@@ -32,3 +32,7 @@ class RequestError(KvserveError, RuntimeError):
     def __init__(self, message: str, output: object = None) -> None:
         super().__init__(message)
         self.output = output
+
+
+class MissingExtraError(KvserveError, ImportError):
+    """An optional dependency group of kvserve-core is not installed; the message says what to install."""

@@ -45,8 +45,8 @@ def hf_generate(model: Any, prompt_ids: list[list[int]], output_len: int, pad_id
     """One left-padded batch of every prompt, exactly ``output_len`` greedy tokens each (HF's fastest
     offline mode); every request in it sees the same timing."""
     width = max(len(p) for p in prompt_ids)
-    input_ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompt_ids])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompt_ids])
+    input_ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompt_ids], device=model.device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompt_ids], device=model.device)
     clock = _FirstTokenClock()
     start = time.perf_counter()
     with torch.no_grad():

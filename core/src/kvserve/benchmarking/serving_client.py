@@ -16,8 +16,13 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
-import httpx
 from tqdm.auto import tqdm
+
+from kvserve.benchmarking.percentile import percentile
+from kvserve.extras import requires_extra
+
+with requires_extra("server", "the serving benchmark client"):
+    import httpx
 
 PERCENTILES = (50, 90, 99)
 
@@ -71,15 +76,6 @@ class ServingResult:
             for p in PERCENTILES:
                 summary[f"p{p}_{name}_ms"] = 1000 * percentile(values, p)
         return summary
-
-
-def percentile(values: list[float], p: float) -> float:
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * p / 100
-    low, high = math.floor(rank), math.ceil(rank)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
 async def _one_request(

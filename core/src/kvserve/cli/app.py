@@ -6,6 +6,7 @@ import sys
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from kvserve.errors import KvserveError
 
@@ -19,5 +20,6 @@ def main() -> None:
     try:
         app()
     except KvserveError as exc:
-        Console(stderr=True).print(f"[red]error:[/red] {exc}", markup=True, highlight=False)
+        # Escaped: messages hold brackets ("pip install 'kvserve-core[server]'") that are not markup.
+        Console(stderr=True).print(f"[red]error:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)
         sys.exit(2)

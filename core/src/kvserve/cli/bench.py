@@ -71,7 +71,7 @@ def latency(
 ) -> None:
     """Offline latency: seconds to complete one batch, over several iterations."""
     from kvserve.benchmarking.offline import measure_latency
-    from kvserve.benchmarking.serving_client import percentile
+    from kvserve.benchmarking.percentile import percentile
 
     console = Console()
     llm = _load_llm(resolve_fields(config_file, assignments, model=model), console)

@@ -84,7 +84,10 @@ def _converse(reply: Replier, system: str | None, console: Console) -> None:
 def _server_replier(
     url: str, model: str | None, api_key: str | None, params: SamplingParams, console: Console
 ) -> Replier:
-    import openai
+    from kvserve.extras import requires_extra
+
+    with requires_extra("server", "kvserve chat with a server (without --local)"):
+        import openai
 
     client = openai.OpenAI(base_url=url, api_key=api_key or os.environ.get("OPENAI_API_KEY") or "none")
     try:
@@ -110,7 +113,7 @@ def _server_replier(
 def _local_replier(config: EngineConfig, params: SamplingParams, console: Console) -> Replier:
     from kvserve.chat_template import render_chat
     from kvserve.engine.llm_engine import LLMEngine
-    from kvserve.server.state import EMBEDDED_MODEL_NAME
+    from kvserve.loader.default_model import EMBEDDED_MODEL_NAME
 
     with console.status(f"Loading {config.model.model or EMBEDDED_MODEL_NAME} ..."):
         engine = LLMEngine(config)

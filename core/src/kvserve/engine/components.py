@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from kvserve.config import AUTO, EngineConfig
-from kvserve.errors import ConfigError
+from kvserve.errors import ConfigError, PluginError
 from kvserve.interfaces import AttentionBackend, AttentionSpec, Platform
 from kvserve.plugins import get_plugin_manager, load_component
 
@@ -21,6 +21,9 @@ def _by_priority(kind: str, choice: str) -> str:
 
 
 def resolve_platform(config: EngineConfig) -> Platform:
+    """The configured platform, or under ``auto`` the highest-priority one that can run here and
+    that an installed attention backend runs on (a GPU with no GPU attention backend installed
+    falls back to the CPU rather than failing)."""
     choice = config.platform.platform
     registry = get_plugin_manager().registry("platform")
     candidates = registry.names() if choice == AUTO else [choice]
@@ -28,20 +31,42 @@ def resolve_platform(config: EngineConfig) -> Platform:
     for name in candidates or [choice]:
         cls = load_component("platform", name)
         reason = cls.unavailable_reason()
+        if reason is None and choice == AUTO:
+            reason = unserved_reason(cls)
         if reason is None:
             return cls()
         reasons.append(f"{name}: {reason}")
     raise ConfigError(f"platform: no usable platform ({'; '.join(reasons)})")
 
 
+def unserved_reason(platform: type[Platform]) -> str | None:
+    """Why no installed attention backend runs on ``platform``'s device type (None: one does, or
+    none is installed at all, which attention resolution reports with what to install)."""
+    registry = get_plugin_manager().registry("attention_backend")
+    names = registry.names()
+    for name in names:
+        try:
+            if platform.device_type in load_component("attention_backend", name).device_types:
+                return None
+        except PluginError:  # a broken backend serves nothing; selecting it reports why
+            continue
+    return f"no installed attention backend runs on {platform.device_type!r} devices" if names else None
+
+
 def resolve_dtype(config: EngineConfig, platform: Platform) -> torch.dtype:
-    name = platform.default_dtype if config.model.dtype == AUTO else config.model.dtype
+    """The model dtype: the configured one, or under ``auto`` the platform's choice for its device."""
+    name = platform.default_dtype() if config.model.dtype == AUTO else config.model.dtype
     if name not in platform.supported_dtypes:
         raise ConfigError(
             f"dtype: {name} is not supported on platform {platform.name!r} "
             f"(supported: {', '.join(platform.supported_dtypes)})"
         )
     return getattr(torch, name)
+
+
+def dtype_reason(config: EngineConfig, platform: Platform) -> str:
+    """Why the engine runs in its dtype, for the start-up line."""
+    return "configured" if config.model.dtype != AUTO else f"auto: {platform.default_dtype_reason()}"
 
 
 def resolve_attention(

@@ -78,9 +78,10 @@ class LLMEngine:
         self.dead_error: Exception | None = None
         """What stopped the engine (a failed step); None while it runs."""
         logger.info(
-            "kvserve engine: model=%s platform=%s dtype=%s attention_backend=%s scheduler=%s "
+            "kvserve engine: model=%s platform=%s dtype=%s (%s) attention_backend=%s scheduler=%s "
             "kv_cache_manager=%s block_size=%d num_kv_blocks=%d (%d tokens) max_model_len=%d",
-            source.path, self.platform.name, str(self.dtype).removeprefix("torch."), backend_cls.name,
+            source.path, self.platform.name, str(self.dtype).removeprefix("torch."),
+            components.dtype_reason(config, self.platform), backend_cls.name,
             scheduler_cls.name, manager_cls.name, spec.block_size, num_blocks - 1,
             (num_blocks - 1) * spec.block_size, self.max_model_len,
         )  # fmt: skip
@@ -144,7 +145,8 @@ class LLMEngine:
         if cache.num_kv_blocks is not None:
             usable, source = cache.num_kv_blocks, "num_kv_blocks"
         else:
-            budget = cache.kv_cache_memory or self.platform.kv_cache_memory_bytes()
+            # No profiling forward yet: branch seam measures the activation peak and passes the fraction.
+            budget = cache.kv_cache_memory or self.platform.kv_cache_memory_bytes(0, None)
             # No point reserving more than max_num_seqs full-length sequences can use.
             usable = min(budget // block_bytes, self.config.scheduler.max_num_seqs * blocks_per_seq)
             source = "kv_cache_memory"

@@ -62,7 +62,8 @@ class ModelRunner:
             block_tables[row, : len(table)] = table
 
         def to_device(array, dtype):
-            return torch.as_tensor(array, dtype=dtype).to(self.device, non_blocking=True)
+            # Planned on the host on purpose (no device syncs while planning), copied once per step.
+            return torch.as_tensor(array, dtype=dtype, device="cpu").to(self.device, non_blocking=True)
 
         batch = AttentionBatch(
             query_start_loc=to_device(query_start_loc, torch.int32),

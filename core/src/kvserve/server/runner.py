@@ -19,8 +19,8 @@ from rich.console import Console
 
 from kvserve.config import EngineConfig, ServerConfig
 from kvserve.engine.async_llm import AsyncLLM
+from kvserve.loader.default_model import EMBEDDED_MODEL_NAME
 from kvserve.server.app import build_app
-from kvserve.server.state import EMBEDDED_MODEL_NAME
 
 
 def load_engine(config: EngineConfig) -> AsyncLLM:

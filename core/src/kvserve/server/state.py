@@ -13,15 +13,13 @@ from pydantic import BaseModel
 from kvserve.config import ServerConfig
 from kvserve.engine.async_llm import AsyncLLM
 from kvserve.errors import CapacityError
+from kvserve.loader.default_model import EMBEDDED_MODEL_NAME
 from kvserve.outputs import RequestOutput
 from kvserve.sampling_params import SamplingParams
 from kvserve.server.errors import OpenAIError, engine_dead, engine_error
 from kvserve.server.limits import RequestLimits
 from kvserve.server.metrics import ServerMetrics
 from kvserve.server.streaming import EventStreamResponse, cancel_on_disconnect, guarded_events, merge_streams
-
-EMBEDDED_MODEL_NAME = "SmolLM2-135M-Instruct"
-"""What clients call the embedded default model."""
 
 
 class ServerState:

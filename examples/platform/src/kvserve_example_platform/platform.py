@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import torch
 
-from kvserve.interfaces import Platform
+from kvserve.interfaces import DeviceCapability, Platform
 
 
 class FixedBudgetCpuPlatform(Platform):
-    """Runs on the host CPU; the KV cache gets 256 MiB unless the config says otherwise."""
+    """Runs on the host CPU in float32; the KV cache gets 256 MiB unless the config says otherwise."""
 
     name = "example_cpu"
     device_type = "cpu"
     supported_dtypes = ("float32", "bfloat16")
-    default_dtype = "float32"
     preferred_attention_backends = ("cpu", "naive")
     distributed_backend = "gloo"
 
@@ -28,8 +28,20 @@ class FixedBudgetCpuPlatform(Platform):
     def device(self) -> torch.device:
         return torch.device("cpu")
 
-    def kv_cache_memory_bytes(self) -> int:
-        return self.KV_CACHE_BYTES
+    def default_dtype(self) -> str:
+        return "float32"
+
+    def default_dtype_reason(self) -> str:
+        return "the example platform always runs float32"
+
+    def capability(self) -> DeviceCapability:
+        return DeviceCapability(name="host CPU")
+
+    def profile_peak_memory(self, fn: Callable[[], object]) -> int:
+        return 0  # not measured (fn is not run): the fixed budget below does not depend on it
+
+    def kv_cache_memory_bytes(self, peak_activation_bytes: int, fraction: float | None) -> int:
+        return self.KV_CACHE_BYTES  # fixed: this host keeps far more than that free
 
     def synchronize(self) -> None:
         """CPU operations are finished when they return."""

@@ -1,15 +1,17 @@
-"""The CPU platform: always available, float32 by default, KV cache in host memory."""
+"""The CPU platform: always available; bfloat16 where the CPU multiplies it natively, else float32."""
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import psutil
 import torch
 
-from kvserve.interfaces import Platform
+from kvserve.interfaces import DeviceCapability, Platform
+from kvserve_platform_cpu.cpu_info import cpu_name_and_flags, native_bf16_feature
 
-# Without an explicit budget the KV cache takes this share of available memory, capped,
+# Without an explicit fraction the KV cache takes this share of available memory, capped,
 # so a laptop user is not surprised by a multi-GiB allocation.
 KV_CACHE_MEMORY_FRACTION = 0.25
 KV_CACHE_MEMORY_CAP = 4 << 30
@@ -19,7 +21,6 @@ class CpuPlatform(Platform):
     name = "cpu"
     device_type = "cpu"
     supported_dtypes = ("float32", "bfloat16", "float16")
-    default_dtype = "float32"
     preferred_attention_backends = ("cpu",)
     distributed_backend = "gloo"
 
@@ -30,8 +31,29 @@ class CpuPlatform(Platform):
     def device(self) -> torch.device:
         return torch.device("cpu")
 
-    def kv_cache_memory_bytes(self) -> int:
-        return int(min(psutil.virtual_memory().available * KV_CACHE_MEMORY_FRACTION, KV_CACHE_MEMORY_CAP))
+    def default_dtype(self) -> str:
+        # As vLLM's CPU build: bfloat16 halves memory traffic, but without native bf16 matmul
+        # it is emulated and slower than float32.
+        return "bfloat16" if native_bf16_feature(cpu_name_and_flags()[1]) else "float32"
+
+    def default_dtype_reason(self) -> str:
+        feature = native_bf16_feature(cpu_name_and_flags()[1])
+        return f"CPU has {feature}" if feature else "CPU has no native bfloat16 matmul (AMX-BF16, AVX512-BF16)"
+
+    def capability(self) -> DeviceCapability:
+        name, flags = cpu_name_and_flags()
+        return DeviceCapability(name=name, features=flags)
+
+    def profile_peak_memory(self, fn: Callable[[], object]) -> int:
+        """0 without running ``fn``: next to host memory the activation peak is small (the budget is
+        a capped share of what is free), and a full-batch forward would cost seconds of start-up."""
+        return 0
+
+    def kv_cache_memory_bytes(self, peak_activation_bytes: int, fraction: float | None) -> int:
+        free = max(psutil.virtual_memory().available - peak_activation_bytes, 0)
+        if fraction is None:
+            return int(min(free * KV_CACHE_MEMORY_FRACTION, KV_CACHE_MEMORY_CAP))
+        return int(free * fraction)
 
     def synchronize(self) -> None:
         """CPU ops complete before they return."""

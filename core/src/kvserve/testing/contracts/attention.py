@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+from collections.abc import Callable
 from typing import Any, ClassVar, NamedTuple
 
 import pytest
 import torch
 
-from kvserve.interfaces import AttentionBackend, AttentionSpec, Platform
+from kvserve.interfaces import AttentionBackend, AttentionSpec, DeviceCapability, Platform
 from kvserve.plugins import get_plugin_manager, load_component
 from kvserve.testing.attention_reference import PagedCase, make_paged_case, past_batch, reference_attention
 from kvserve.testing.contracts._base import ComponentContract, violation
@@ -46,7 +47,6 @@ class _NowherePlatform(Platform):
     name = "nowhere"
     device_type = "nowhere"
     supported_dtypes = ("float32",)
-    default_dtype = "float32"
     preferred_attention_backends = ()
     distributed_backend = "gloo"
 
@@ -57,7 +57,20 @@ class _NowherePlatform(Platform):
     def device(self) -> torch.device:
         return torch.device("cpu")
 
-    def kv_cache_memory_bytes(self) -> int:
+    def default_dtype(self) -> str:
+        return "float32"
+
+    def default_dtype_reason(self) -> str:
+        return "the only dtype"
+
+    def capability(self) -> DeviceCapability:
+        return DeviceCapability(name="nowhere")
+
+    def profile_peak_memory(self, fn: Callable[[], object]) -> int:
+        fn()
+        return 0  # nothing runs here
+
+    def kv_cache_memory_bytes(self, peak_activation_bytes: int, fraction: float | None) -> int:
         return 0
 
     def synchronize(self) -> None:

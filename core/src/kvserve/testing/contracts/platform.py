@@ -9,7 +9,7 @@ from typing import ClassVar
 import pytest
 import torch
 
-from kvserve.interfaces import Platform
+from kvserve.interfaces import DeviceCapability, Platform
 from kvserve.testing.contracts._base import ComponentContract
 
 
@@ -20,13 +20,21 @@ class PlatformContract(ComponentContract):
             platform = "my_device"
 
     Checked without using the device: the class facts are consistent (registry name, torch
-    device type, dtype names, a default dtype among the supported ones, preferred attention
-    backends as names, a distributed backend name) and ``unavailable_reason`` answers fast
-    without raising. On a machine where the platform is available (otherwise skipped with its
-    reason): ``device()`` has the platform's device type and runs a matmul in every supported
-    dtype, ``kv_cache_memory_bytes`` is a positive int, ``synchronize`` works, the distributed
-    backend exists in this torch, and ``seed_everything`` makes torch and ``random`` reproducible
-    (same seed, same numbers; another seed, other numbers).
+    device type, dtype names, preferred attention backends as names, a distributed backend
+    name) and ``unavailable_reason`` answers fast without raising. On a machine where the
+    platform is available (otherwise skipped with its reason):
+
+    - ``device()`` has the platform's device type and runs a matmul in every dtype the instance
+      supports (a subset of the class's);
+    - ``default_dtype()`` is one of them and ``default_dtype_reason()`` says why;
+    - ``capability()`` is a well-formed :class:`~kvserve.interfaces.DeviceCapability`;
+    - ``profile_peak_memory`` either does not measure (0, its function not run) or runs it once
+      and counts a 64 MiB device allocation made and freed inside it;
+    - ``kv_cache_memory_bytes`` is a positive int that never grows when more activation memory
+      is set aside;
+    - ``synchronize`` works, the distributed backend exists in this torch, and
+      ``seed_everything`` makes torch and ``random`` reproducible (same seed, same numbers;
+      another seed, other numbers).
     """
 
     kind = "platform"
@@ -48,9 +56,6 @@ class PlatformContract(ComponentContract):
         assert component.supported_dtypes, "supported_dtypes is empty"
         for dtype in component.supported_dtypes:
             assert isinstance(getattr(torch, dtype, None), torch.dtype), f"{dtype!r} is not a torch dtype name"
-        assert component.default_dtype in component.supported_dtypes, (
-            f"default_dtype {component.default_dtype!r} is not among supported_dtypes {component.supported_dtypes}"
-        )
         assert isinstance(component.preferred_attention_backends, tuple) and all(
             isinstance(name, str) and name for name in component.preferred_attention_backends
         ), f"preferred_attention_backends must be a tuple of names, got {component.preferred_attention_backends!r}"
@@ -70,20 +75,74 @@ class PlatformContract(ComponentContract):
         assert elapsed < 2.0, f"unavailable_reason() took {elapsed:.1f}s; it must be cheap"
 
     def test_device_runs_every_supported_dtype(self, component, instance):
-        """``device()`` is of the platform's device type and computes in every supported dtype."""
+        """``device()`` is of the platform's device type and computes in every dtype the instance supports."""
         device = instance.device()
         assert isinstance(device, torch.device) and device.type == component.device_type, (
             f"device() returned {device!r}; expected a torch.device of type {component.device_type!r}"
         )
-        for name in component.supported_dtypes:
+        assert instance.supported_dtypes and set(instance.supported_dtypes) <= set(component.supported_dtypes), (
+            f"the instance's supported_dtypes {instance.supported_dtypes} must be a non-empty subset of the "
+            f"class's {component.supported_dtypes}"
+        )
+        for name in instance.supported_dtypes:
             x = torch.ones(4, 4, dtype=getattr(torch, name), device=device)
             assert float((x @ x).sum()) == 64.0, f"a {name} matmul on {device} gave a wrong result"
         instance.synchronize()
 
+    def test_default_dtype_is_supported_and_explained(self, instance):
+        """``dtype="auto"`` resolves to a dtype this device runs, with a reason for the start-up line."""
+        dtype = instance.default_dtype()
+        assert dtype in instance.supported_dtypes, (
+            f"default_dtype() {dtype!r} is not among supported_dtypes {instance.supported_dtypes}"
+        )
+        reason = instance.default_dtype_reason()
+        assert isinstance(reason, str) and reason.strip(), f"default_dtype_reason() returned {reason!r}"
+
+    def test_capability_is_well_formed(self, instance):
+        """A name, an architecture version given whole (major and minor) or not at all, feature names."""
+        cap = instance.capability()
+        assert isinstance(cap, DeviceCapability), f"capability() returned {cap!r}, not a DeviceCapability"
+        assert isinstance(cap.name, str) and cap.name.strip(), f"capability().name is {cap.name!r}"
+        versioned = (cap.major, cap.minor)
+        assert versioned == (None, None) or all(isinstance(v, int) and v >= 0 for v in versioned), (
+            f"capability() major/minor must both be ints >= 0 or both None, got {versioned}"
+        )
+        assert isinstance(cap.features, frozenset) and all(isinstance(f, str) and f for f in cap.features), (
+            f"capability().features must be a frozenset of names, got {cap.features!r}"
+        )
+
+    def test_profile_peak_memory_sees_memory_freed_inside(self, instance):
+        """The engine profiles a forward whose activations are gone when it returns: the peak counts
+        (skipped, saying so, for a platform that does not measure)."""
+        device, calls = instance.device(), []
+        size = 64 << 20
+
+        def work() -> None:
+            calls.append(1)
+            block = torch.ones(size // 4, dtype=torch.float32, device=device)  # written, so really resident
+            instance.synchronize()
+            del block
+
+        measured = instance.profile_peak_memory(work)
+        if not calls and measured == 0:
+            pytest.skip("this platform does not measure peak memory (0, without running the function)")
+        assert calls == [1], f"profile_peak_memory ran its function {len(calls)} times; it must run it once"
+        assert isinstance(measured, int) and measured >= size // 2, (
+            f"profile_peak_memory reported {measured!r} bytes for a function that held {size} bytes at its peak"
+        )
+
     def test_kv_cache_memory_budget_is_positive(self, instance):
-        """Without a configured budget the engine sizes the KV cache from this: a positive number of bytes."""
-        budget = instance.kv_cache_memory_bytes()
-        assert isinstance(budget, int) and budget > 0, f"kv_cache_memory_bytes() returned {budget!r}"
+        """Without a configured budget the engine sizes the KV cache from this: a positive number of bytes,
+        no larger when more memory must stay free for activations."""
+        budget = instance.kv_cache_memory_bytes(0, None)
+        assert isinstance(budget, int) and budget > 0, f"kv_cache_memory_bytes(0, None) returned {budget!r}"
+        for fraction in (None, 0.5):
+            roomy = instance.kv_cache_memory_bytes(0, fraction)
+            squeezed = instance.kv_cache_memory_bytes(1 << 30, fraction)
+            assert isinstance(squeezed, int) and 0 <= squeezed <= roomy, (
+                f"kv_cache_memory_bytes(1 GiB of activations, {fraction}) = {squeezed!r} bytes, "
+                f"more than with none reserved ({roomy})"
+            )
 
     def test_distributed_backend_is_available(self, component, instance):
         """The named torch.distributed backend exists in this torch build."""

@@ -37,12 +37,13 @@ class CpuAttentionBackend(AttentionBackend):
     def build_metadata(self, batch: AttentionBatch) -> CpuAttentionMetadata:
         decodes = [i for i, n in enumerate(batch.query_lens_host) if n == 1]
         prefills = [i for i, n in enumerate(batch.query_lens_host) if n != 1]
+        device = self.spec.device
         mask = None
         if decodes:
-            lens = torch.tensor([batch.seq_lens_host[i] for i in decodes])
-            max_len = int(lens.max())
-            mask = (torch.arange(max_len)[None, :] < lens[:, None])[:, None, None, :]
-        index = torch.tensor([batch.query_start_loc_host[i] for i in decodes], dtype=torch.long)
+            lens = torch.tensor([batch.seq_lens_host[i] for i in decodes], device=device)
+            max_len = max(batch.seq_lens_host[i] for i in decodes)  # from the host copy: no device sync
+            mask = (torch.arange(max_len, device=device)[None, :] < lens[:, None])[:, None, None, :]
+        index = torch.tensor([batch.query_start_loc_host[i] for i in decodes], dtype=torch.long, device=device)
         return CpuAttentionMetadata(batch, decodes, prefills, index, mask)
 
     def write_kv(self, kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, metadata) -> None:
@@ -84,6 +85,6 @@ class CpuAttentionBackend(AttentionBackend):
         q_len = q.shape[2]
         if q_len == seq_len:
             return F.scaled_dot_product_attention(q, keys, values, is_causal=True, scale=scale, enable_gqa=gqa)
-        query_pos = torch.arange(seq_len - q_len, seq_len)[:, None]
-        mask = torch.arange(seq_len)[None, :] <= query_pos
+        query_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)[:, None]
+        mask = torch.arange(seq_len, device=q.device)[None, :] <= query_pos
         return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale, enable_gqa=gqa)

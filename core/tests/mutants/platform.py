@@ -1,0 +1,50 @@
+"""Deliberately broken copies of the CPU platform: each breaks one rule of the platform contract.
+
+Test fixtures for ``core/tests/test_platform_contract_mutants.py``, which asserts that the
+platform contract fails each of them with a message naming the broken behaviour.
+"""
+
+from __future__ import annotations
+
+import psutil
+
+from kvserve.interfaces import DeviceCapability
+from kvserve_platform_cpu.platform import CpuPlatform
+
+
+class UnsupportedDefault(CpuPlatform):
+    """``dtype="auto"`` picks a dtype the platform does not list."""
+
+    name = "cpu_unsupported_default"
+
+    def default_dtype(self) -> str:
+        return "float64"
+
+
+class ForgetsFreedMemory(CpuPlatform):
+    """Measures the resident set after the function: activations freed inside it go unseen."""
+
+    name = "cpu_forgets_freed_memory"
+
+    def profile_peak_memory(self, fn) -> int:
+        before = psutil.Process().memory_info().rss
+        fn()
+        return max(psutil.Process().memory_info().rss - before, 0)
+
+
+class BudgetGrowsWithActivations(CpuPlatform):
+    """Adds the activation peak to the KV budget instead of setting it aside."""
+
+    name = "cpu_budget_grows"
+
+    def kv_cache_memory_bytes(self, peak_activation_bytes: int, fraction: float | None) -> int:
+        return super().kv_cache_memory_bytes(0, fraction) + peak_activation_bytes
+
+
+class HalfVersionedCapability(CpuPlatform):
+    """Reports an architecture major version without its minor."""
+
+    name = "cpu_half_versioned"
+
+    def capability(self) -> DeviceCapability:
+        return DeviceCapability(name="cpu", major=8, minor=None)

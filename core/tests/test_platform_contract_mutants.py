@@ -1,0 +1,79 @@
+"""Mutation check of the platform contract: broken copies of the CPU platform (``mutants/platform.py``)
+fail it with a message naming the bug, and the real CPU platform passes the same run.
+
+As in test_contract_mutants.py, the contract runs in a pytest subprocess with ``load_component``
+pointed at the class under test.
+"""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from kvserve.testing.check import run_pytest
+
+MUTANTS = Path(__file__).parent / "mutants"
+SUBJECTS = {
+    "TestUnsupportedDefault": ("mutant_platform", "UnsupportedDefault"),
+    "TestForgetsFreedMemory": ("mutant_platform", "ForgetsFreedMemory"),
+    "TestBudgetGrowsWithActivations": ("mutant_platform", "BudgetGrowsWithActivations"),
+    "TestHalfVersionedCapability": ("mutant_platform", "HalfVersionedCapability"),
+    "TestRealCpuPlatform": ("kvserve_platform_cpu.platform", "CpuPlatform"),
+}
+
+
+def _test_module() -> str:
+    lines = ["from kvserve.testing import PlatformContract"]
+    for test_class, (module, subject) in SUBJECTS.items():
+        lines.append(
+            textwrap.dedent(f"""
+            from {module} import {subject}
+
+            class {test_class}(PlatformContract):
+                platform = {subject}.name
+
+                @classmethod
+                def load_component(cls):
+                    return {subject}
+            """)
+        )
+    return "\n".join(lines)
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory) -> dict[str, dict[str, str | None]]:
+    """Test class -> test id -> failure message (None when it passed or was skipped)."""
+    root = tmp_path_factory.mktemp("platform-mutants")
+    (root / "mutant_platform.py").write_text((MUTANTS / "platform.py").read_text())
+    (root / "test_mutants.py").write_text(_test_module())
+    (root / "pytest.ini").write_text("[pytest]\n")
+    run = run_pytest(["test_mutants.py", "-q"], cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, capture=True)
+    outcomes = {test_class: run.of_class(test_class) for test_class in SUBJECTS}
+    assert all(outcomes.values()), run.output
+    return outcomes
+
+
+def failed(outcomes, test_class: str) -> dict[str, str]:
+    return {test: message for test, message in outcomes[test_class].items() if message}
+
+
+def test_the_real_cpu_platform_passes(outcomes):
+    assert len(outcomes["TestRealCpuPlatform"]) >= 8 and not failed(outcomes, "TestRealCpuPlatform")
+
+
+@pytest.mark.parametrize(
+    ("test_class", "check", "words"),
+    [
+        ("TestUnsupportedDefault", "test_default_dtype_is_supported_and_explained", "'float64' is not among"),
+        ("TestForgetsFreedMemory", "test_profile_peak_memory_sees_memory_freed_inside", "held 67108864 bytes"),
+        ("TestBudgetGrowsWithActivations", "test_kv_cache_memory_budget_is_positive", "more than with none"),
+        ("TestHalfVersionedCapability", "test_capability_is_well_formed", "must both be ints >= 0 or both None"),
+    ],
+)
+def test_each_mutant_fails_its_check_only(outcomes, test_class, check, words):
+    failures = failed(outcomes, test_class)
+    assert list(failures) == [check], failures
+    assert words in failures[check], failures[check]

@@ -1,0 +1,1 @@
+"""kvserve_platform_cuda kvserve plugin package."""
