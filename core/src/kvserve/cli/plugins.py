@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from kvserve.cli.app import app
@@ -30,9 +31,18 @@ def plugins(ctx: typer.Context) -> None:
         for reg in registry.entries():
             listed.add(reg.plugin)
             table.add_row(
-                reg.plugin, reg.package, reg.version, reg.kind, reg.name, str(reg.api_version), reg.problem or "ok"
+                reg.plugin, reg.package, reg.version, reg.kind, reg.name, str(reg.api_version), escape(_status(reg))
             )
     for info in manager.plugins.values():
         if info.name not in listed:
             table.add_row(info.name, info.package, info.version, "-", "-", "-", info.status)
     Console().print(table)
+
+
+def _status(reg) -> str:
+    """``ok``, the registration's problem, or the ``unavailable`` fact a plugin gives when a library
+    it needs is missing (it stays selectable, and refuses with that reason)."""
+    if reg.problem:
+        return reg.problem
+    unavailable = reg.facts.get("unavailable")
+    return f"unavailable: {unavailable}" if unavailable else "ok"
