@@ -61,7 +61,8 @@ def test_refusals_name_dtype_head_size_and_kv_dtype():
 
 def test_without_the_library_it_sizes_and_stores_nhd_pages():
     """Sizing and storing K/V run without flashinfer (imported on the first plan); the workspace
-    the engine reserves is the one float buffer all wrappers share; one kind is planned per distinct layer."""
+    the engine reserves is the one float buffer all wrappers share, allocated with the cache;
+    one kind is planned per distinct layer."""
     backend = load_component("attention_backend", "flashinfer")(spec())
     assert backend.kv_cache_shape(7) == (7, 2, 16, 2, 128)
     assert backend.kv_cache_bytes_per_block() == 2 * 16 * 2 * 128 * 2
@@ -69,7 +70,8 @@ def test_without_the_library_it_sizes_and_stores_nhd_pages():
     assert backend._kinds == (LOCAL, GLOBAL) and backend._kind_of_layer == [0, 1, 0]
     case = make_paged_case([(0, 7), (30, 1), (20, 9)], 8, 2, 128, 16, 12, torch.float16, seed=4)
     caches = backend.allocate_kv_cache(12)
-    assert len(caches) == 3
+    assert len(caches) == 3 and all(c.shape == (12, 2, 16, 2, 128) and c.dtype == torch.float16 for c in caches)
+    assert backend._workspace.numel() == WORKSPACE_BYTES and backend._workspace.dtype == torch.uint8
     backend.write_kv(caches[0], case.key, case.value, FlashInferMetadata((), 0, case.batch.slot_mapping))
     k_slots = caches[0][:, 0].reshape(-1, 2, 128)
     assert torch.equal(k_slots[case.batch.slot_mapping], case.key)

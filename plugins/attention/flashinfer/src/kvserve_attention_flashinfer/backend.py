@@ -56,6 +56,7 @@ class FlashInferBackend(AttentionBackend):
         super().__init__(spec)
         self._kinds = spec.layer_kinds
         self._kind_of_layer = [self._kinds.index(layer) for layer in spec.layers]
+        self._workspace: torch.Tensor | None = None
         self._wrappers: list[tuple[Any, Any]] | None = None
 
     @classmethod
@@ -86,9 +87,14 @@ class FlashInferBackend(AttentionBackend):
         return (num_blocks, 2, spec.block_size, spec.num_kv_heads, spec.head_dim)
 
     def workspace_bytes(self) -> int:
-        """The float workspace (:data:`WORKSPACE_BYTES`), allocated on the first step, after the
-        engine has sized the KV cache."""
+        """The float workspace (:data:`WORKSPACE_BYTES`) all wrappers share."""
         return WORKSPACE_BYTES
+
+    def allocate_kv_cache(self, num_blocks: int) -> list[torch.Tensor]:
+        """The per-layer NHD caches, and (once) the workspace, so that it exists before the
+        engine's profiling forward measures peak memory rather than inside it."""
+        self._workspace_buffer()
+        return super().allocate_kv_cache(num_blocks)
 
     def build_metadata(self, batch: AttentionBatch) -> FlashInferMetadata:
         """CSR page tables from the host block tables, then one ``plan()`` per layer kind."""
@@ -137,7 +143,7 @@ class FlashInferBackend(AttentionBackend):
         if self._wrappers is None:
             import flashinfer as fi
 
-            workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=self.spec.device)
+            workspace = self._workspace_buffer()
             tensor_cores = self.spec.num_heads // self.spec.num_kv_heads >= 4  # FlashInfer's advice for GQA decode
             self._wrappers = [
                 (
@@ -147,3 +153,8 @@ class FlashInferBackend(AttentionBackend):
                 for _ in self._kinds
             ]
         return self._wrappers
+
+    def _workspace_buffer(self) -> torch.Tensor:
+        if self._workspace is None:
+            self._workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=self.spec.device)
+        return self._workspace
