@@ -20,7 +20,9 @@ import numpy as np
 import pytest
 import torch
 
+from kvserve import interfaces
 from kvserve.testing.attention_reference import make_paged_case, past_batch, reference_attention, token_slots
+from kvserve_attention_flash_attn.backend import FlashAttnBackend
 from kvserve_attention_flash_attn.kv_store import store_kv
 from kvserve_attention_flash_attn.metadata import build_metadata, varlen_arrays, window_size
 
@@ -200,3 +202,56 @@ def test_store_kv_skips_padded_tokens_and_touches_nothing_else():
     assert torch.equal(flat[0, 9], key[0]) and torch.equal(flat[1, 30], value[2])
     changed = (cache != before).view(2, 32, -1).any(-1)
     assert changed.nonzero()[:, 1].unique().tolist() == [9, 30]
+
+
+# -- the backend end to end, flash-attn's two functions standing in as the models above --------
+
+
+def flash_attn_varlen_func(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0, softmax_scale=None,
+    causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
+    return_attn_probs=False, block_table=None,
+):  # fmt: skip
+    """flash-attn 2.6.0-2.8.3's signature, computed by :func:`varlen_model`."""
+    assert causal and block_table is not None and dropout_p == 0.0 and alibi_slopes is None
+    assert max_seqlen_q == int(np.diff(cu_seqlens_q).max()) and max_seqlen_k == int(np.diff(cu_seqlens_k).max())
+    out = varlen_model(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, window_size, softcap, block_table)
+    return out.to(q.dtype)
+
+
+def flash_attn_with_kvcache(
+    q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None, cache_seqlens=None, cache_batch_idx=None,
+    cache_leftpad=None, block_table=None, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+    rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False,
+):  # fmt: skip
+    """flash-attn 2.6.3-2.8.3's signature, computed by :func:`with_kvcache_model`."""
+    assert causal and block_table is not None and k is None and v is None and cache_batch_idx is None
+    out = with_kvcache_model(q, k_cache, v_cache, cache_seqlens, softmax_scale, window_size, softcap, block_table)
+    return out.to(q.dtype)
+
+
+@pytest.mark.skipif(not hasattr(interfaces, "LayerAttentionSpec"), reason="needs the attention seam (issue 10)")
+@pytest.mark.parametrize("decode_only", [False, True], ids=["mixed", "decode"])
+def test_backend_calls_the_kernels_so_that_each_layer_gets_its_own_attention(decode_only):
+    """``build_metadata``, ``write_kv`` and ``forward`` of the real backend, with the two flash-attn
+    functions replaced by the models above under their released signatures: the calls bind as they
+    would on a GPU, and each layer's output equals float64 paged attention with its own scale,
+    window and soft-cap."""
+    from kvserve.interfaces import AttentionSpec, LayerAttentionSpec
+
+    layers = (LayerAttentionSpec(0.3, sliding_window=5, logits_soft_cap=1.5), LayerAttentionSpec(0.125))
+    spec = AttentionSpec(8, 2, 64, torch.float32, 256, torch.device("cpu"), layers=layers)
+    backend = FlashAttnBackend(spec)
+    backend.__dict__["_kernels"] = (flash_attn_varlen_func, flash_attn_with_kvcache)
+    seqs = [(300, 1), (20, 1), (7, 1)] if decode_only else [(0, 9), (300, 1), (20, 6), (7, 1)]
+    num_blocks = 2 * sum(-(-(c + q) // 256) for c, q in seqs) + 2
+    case = make_paged_case(seqs, 8, 2, 64, 256, num_blocks, seed=11)
+    past_step, past_keys, past_values = past_batch(case)
+    for layer_idx, (cache, layer) in enumerate(zip(backend.allocate_kv_cache(num_blocks), layers)):
+        backend.write_kv(cache, past_keys, past_values, backend.build_metadata(past_step))
+        metadata = backend.build_metadata(case.batch)
+        assert metadata.decode_only == decode_only
+        backend.write_kv(cache, case.key, case.value, metadata)
+        out = backend.forward(case.query, cache, metadata, layer_idx)
+        expected = expected_attention(case, layer.scale, layer.sliding_window, layer.logits_soft_cap)
+        torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)

@@ -16,11 +16,14 @@ query head ``h`` reads KV head ``h // (num_qo_heads // num_kv_heads)``.
 from __future__ import annotations
 
 import random
+import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
+from kvserve import interfaces
 from kvserve.testing.attention_reference import make_paged_case, past_batch, reference_attention, token_slots
 from kvserve_attention_flashinfer.backend import window_left
 from kvserve_attention_flashinfer.kv_store import store_kv
@@ -175,3 +178,98 @@ def test_store_kv_in_the_nhd_layout_skips_padded_tokens():
     assert torch.equal(cache[1, 0, 1], key[0]) and torch.equal(cache[3, 1, 6], value[2])
     changed = (cache != before).any(-1).any(-1)  # [blocks, 2, page_size]
     assert changed.nonzero().tolist() == [[1, 0, 1], [1, 1, 1], [3, 0, 6], [3, 1, 6]]
+
+
+# -- the backend end to end, FlashInfer's wrappers standing in as the model above ---------------
+
+
+class _WrapperModel:
+    """What both wrappers share: the float workspace and the NHD layout, and ``run()`` computed by
+    :func:`paged_prefill_model` from what the last ``plan()`` was given (host tensors only)."""
+
+    plans: list[tuple[str, dict]] = []
+
+    def __init__(self, float_workspace_buffer, kv_layout="NHD", *args, **kwargs):
+        assert kv_layout == "NHD" and float_workspace_buffer.dtype == torch.uint8
+
+    def _plan(self, kind, qo_indptr, indptr, indices, last_page_len, facts):
+        for tensor in (qo_indptr, indptr, indices, last_page_len):
+            assert tensor.device.type == "cpu" and tensor.dtype == torch.int32, "plan() takes host int32 tensors"
+        self.tables = SimpleNamespace(
+            qo_indptr=qo_indptr.numpy(), paged_kv_indptr=indptr.numpy(), paged_kv_indices=indices.numpy(),
+            paged_kv_last_page_len=last_page_len.numpy(),
+        )  # fmt: skip
+        self.facts = facts
+        _WrapperModel.plans.append((kind, facts))
+
+    def run(self, q, paged_kv_cache, *, k_scale=None, v_scale=None, out=None, lse=None, return_lse=False):
+        assert q.is_contiguous() and q.shape[0] == self.tables.qo_indptr[-1]
+        facts = self.facts
+        window = facts["window_left"]
+        return paged_prefill_model(q, paged_kv_cache, self.tables, facts["sm_scale"], window, facts["logits_soft_cap"])
+
+
+class PrefillWrapperModel(_WrapperModel):
+    def plan(
+        self, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads, num_kv_heads,
+        head_dim_qk, page_size, head_dim_vo=None, custom_mask=None, packed_custom_mask=None, causal=False,
+        pos_encoding_mode="NONE", use_fp16_qk_reduction=False, sm_scale=None, window_left=-1, logits_soft_cap=None,
+        rope_scale=None, rope_theta=None, q_data_type="float16", kv_data_type=None, non_blocking=True,
+    ):  # fmt: skip
+        """flashinfer-python 0.2.5-0.6's ``BatchPrefillWithPagedKVCacheWrapper.plan`` signature."""
+        assert causal and (num_qo_heads, num_kv_heads, head_dim_qk) == (8, 2, 64)
+        facts = dict(sm_scale=sm_scale, window_left=window_left, logits_soft_cap=logits_soft_cap, page_size=page_size)
+        self._plan("prefill", qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, facts)
+
+
+class DecodeWrapperModel(_WrapperModel):
+    def plan(
+        self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
+        pos_encoding_mode="NONE", window_left=-1, logits_soft_cap=None, q_data_type="float16", kv_data_type=None,
+        data_type=None, sm_scale=None, rope_scale=None, rope_theta=None, non_blocking=True,
+    ):  # fmt: skip
+        """flashinfer-python 0.2.0-0.5 ``BatchDecodeWithPagedKVCacheWrapper.plan`` (0.6: same keywords)."""
+        assert (num_qo_heads, num_kv_heads, head_dim) == (8, 2, 64)
+        qo_indptr = torch.arange(len(last_page_len) + 1, dtype=torch.int32)
+        facts = dict(sm_scale=sm_scale, window_left=window_left, logits_soft_cap=logits_soft_cap, page_size=page_size)
+        self._plan("decode", qo_indptr, indptr, indices, last_page_len, facts)
+
+
+@pytest.mark.skipif(not hasattr(interfaces, "LayerAttentionSpec"), reason="needs the attention seam (issue 10)")
+@pytest.mark.parametrize("decode_only", [False, True], ids=["mixed", "decode"])
+def test_backend_plans_each_layer_kind_once_and_each_layer_gets_its_own_attention(monkeypatch, decode_only):
+    """``build_metadata``, ``write_kv`` and ``forward`` of the real backend, with the ``flashinfer``
+    module replaced by wrappers that keep its released ``plan()``/``run()`` signatures and compute
+    with the model above: one plan per layer kind per step, the decode wrapper for decode-only
+    steps, and each layer's output equal to float64 paged attention with its own facts."""
+    from kvserve.interfaces import AttentionSpec, LayerAttentionSpec
+    from kvserve_attention_flashinfer.backend import FlashInferBackend
+
+    fake = SimpleNamespace(
+        BatchPrefillWithPagedKVCacheWrapper=PrefillWrapperModel, BatchDecodeWithPagedKVCacheWrapper=DecodeWrapperModel
+    )
+    monkeypatch.setitem(sys.modules, "flashinfer", fake)
+    monkeypatch.setattr(_WrapperModel, "plans", [])
+    local, full = LayerAttentionSpec(0.3, sliding_window=5, logits_soft_cap=1.5), LayerAttentionSpec(0.125)
+    layers = (local, full, local)
+    spec = AttentionSpec(8, 2, 64, torch.float32, 16, torch.device("cpu"), layers=layers)
+    backend = FlashInferBackend(spec)
+    seqs = [(40, 1), (20, 1), (7, 1)] if decode_only else [(0, 9), (40, 1), (20, 6), (7, 1)]
+    num_blocks = 2 * sum(-(-(c + q) // 16) for c, q in seqs) + 2
+    case = make_paged_case(seqs, 8, 2, 64, 16, num_blocks, seed=12)
+    caches = backend.allocate_kv_cache(num_blocks)
+    past_step, past_keys, past_values = past_batch(case)
+    past_metadata = backend.build_metadata(past_step)
+    _WrapperModel.plans.clear()
+    metadata = backend.build_metadata(case.batch)
+    kind = "decode" if decode_only else "prefill"
+    assert [(k, f["window_left"], f["logits_soft_cap"]) for k, f in _WrapperModel.plans] == [
+        (kind, 4, 1.5),
+        (kind, -1, None),
+    ], "one plan per distinct layer kind, with its window and soft-cap"
+    for layer_idx, (cache, layer) in enumerate(zip(caches, layers)):
+        backend.write_kv(cache, past_keys, past_values, past_metadata)
+        backend.write_kv(cache, case.key, case.value, metadata)
+        out = backend.forward(case.query, cache, metadata, layer_idx)
+        expected = expected_attention(case, layer.scale, layer.sliding_window, layer.logits_soft_cap)
+        torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
