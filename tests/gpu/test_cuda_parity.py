@@ -49,13 +49,14 @@ def hf_model(path: str | None):
     return model.cuda().eval()
 
 
-def greedy_margins(model, prompt: list[int], tokens: list[int]) -> torch.Tensor:
-    """HF's best logit minus its logit of each of ``tokens``, teacher-forced after ``prompt``."""
+def greedy_margins(model, prompt: list[int], tokens: list[int]) -> tuple[torch.Tensor, float]:
+    """HF's best logit minus its logit of each of ``tokens``, teacher-forced after ``prompt``, and
+    the largest logit magnitude (what fp16 rounding errors scale with)."""
     ids = torch.tensor([prompt + tokens[:-1]], device="cuda")
     with torch.no_grad():
         logits = model(ids).logits[0, len(prompt) - 1 :].float()
     chosen = logits.gather(1, torch.tensor(tokens, device="cuda")[:, None])[:, 0]
-    return (logits.max(-1).values - chosen).cpu()
+    return (logits.max(-1).values - chosen).cpu(), logits.abs().max().item()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -73,9 +74,8 @@ def test_greedy_tokens_agree_with_hf_on_cuda(backend, model_name, tiny_llama, ca
     model = hf_model(path)
     same = total = 0
     for prompt, tokens in zip(prompts, ours):
-        margins = greedy_margins(model, prompt, tokens)
-        scale = 1.0 + margins.abs().max().item()
-        assert (margins <= 0.02 * scale + 0.05).all(), (
+        margins, magnitude = greedy_margins(model, prompt, tokens)
+        assert (margins <= 0.05 + 0.01 * magnitude).all(), (
             f"{backend}/{model_name}: HF ranks kvserve's token {int(margins.argmax())} of {tokens} "
             f"{margins.max():.3f} below its best (prompt {prompt})"
         )
