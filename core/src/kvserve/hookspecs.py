@@ -9,7 +9,8 @@ of the hooks below with ``@kvserve.hookimpl``. Every hook receives a ``register`
 ``"module:Object"`` is imported only when the component is chosen, ``api_version`` is the
 kvserve plugin API the registration was written for (omitted means 1), and ``facts`` are
 cheap attributes used for selection without importing (``priority`` for platforms,
-attention backends and schedulers: higher wins under ``auto``).
+attention backends and schedulers: higher wins under ``auto``; ``unavailable``, a sentence
+``kvserve plugins`` shows when a library the component needs is missing, e.g. a GPU extra).
 """
 
 from collections.abc import Callable

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from kvserve.cli.app import app
@@ -15,9 +16,13 @@ app.add_typer(plugins_app, name="plugins")
 
 
 def _status(reg) -> str:
-    """ "ok", the registration's problem, or for a platform whether it can run in this process."""
+    """ "ok", the registration's problem, the ``unavailable`` fact a plugin registers when a library it
+    needs is missing (it stays selectable and refuses with that reason), or for a platform whether
+    it can run in this process."""
     if reg.problem is not None:
         return reg.problem
+    if reg.facts.get("unavailable"):
+        return f"unavailable: {reg.facts['unavailable']}"
     if reg.kind != "platform":
         return "ok"
     from kvserve.plugins import load_component
@@ -45,7 +50,8 @@ def plugins(ctx: typer.Context) -> None:
     for registry in manager.registries.values():
         for reg in registry.entries():
             listed.add(reg.plugin)
-            table.add_row(reg.plugin, reg.package, reg.version, reg.kind, reg.name, str(reg.api_version), _status(reg))
+            status = escape(_status(reg))  # reasons hold brackets (pip install ...[gpu]) that rich would eat
+            table.add_row(reg.plugin, reg.package, reg.version, reg.kind, reg.name, str(reg.api_version), status)
     for info in manager.plugins.values():
         if info.name not in listed:
             table.add_row(info.name, info.package, info.version, "-", "-", "-", info.status)

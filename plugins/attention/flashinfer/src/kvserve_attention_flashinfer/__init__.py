@@ -1,0 +1,1 @@
+"""kvserve-attention-flashinfer: paged attention on FlashInfer (``flashinfer`` is imported only when used)."""

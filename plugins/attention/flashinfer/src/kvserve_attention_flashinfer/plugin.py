@@ -1,0 +1,15 @@
+"""Entry point of kvserve-attention-flashinfer."""
+
+from kvserve import hookimpl
+from kvserve_attention_flashinfer.library import missing_reason
+
+
+@hookimpl
+def register_attention_backends(register):
+    # ``unavailable`` is shown by ``kvserve plugins``; selection asks unsupported_reasons (same sentence).
+    register(
+        "flashinfer",
+        "kvserve_attention_flashinfer.backend:FlashInferBackend",
+        priority=40,
+        unavailable=missing_reason(),
+    )
