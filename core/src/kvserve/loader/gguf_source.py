@@ -17,7 +17,11 @@ from kvserve.loader.tokenizer import load_tokenizer
 
 # GGUF architecture -> whether llama.cpp's converter permuted the q/k projection rows.
 # (convert_hf_to_gguf.py reorders them for its rope kernel on "llama", which also covers Mistral.)
-SUPPORTED_ARCHITECTURES = {"llama": True, "qwen2": False, "qwen3": False}
+SUPPORTED_ARCHITECTURES = {"llama": True, "qwen2": False, "qwen3": False, "gemma2": False, "gemma3": False}
+
+# Architectures whose RMSNorm gains llama.cpp stores as ``1 + weight`` (its kernel has no offset;
+# HF's Gemma RMSNorm multiplies by ``1 + weight``), for every tensor named ``*norm.weight``.
+NORM_SHIFTED_ARCHITECTURES = {"gemma2", "gemma3"}
 
 # Tensors llama.cpp precomputes from the config; HF models derive them and store nothing.
 DERIVED_TENSORS = {"rope_freqs.weight"}
@@ -38,7 +42,7 @@ class GGUFSource(ModelSource):
         return sum(tensor.name not in DERIVED_TENSORS for tensor in self.reader.tensors)
 
     def weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Yield float32 tensors under HF names, q/k rows restored to HF order."""
+        """Yield float32 tensors under HF names, q/k rows restored to HF order, Gemma norm gains unshifted."""
         hf_names = hf_names_by_gguf_name(self.hf_config, self.architecture)
         for tensor in self.reader.tensors:
             if tensor.name in DERIVED_TENSORS:
@@ -51,6 +55,8 @@ class GGUFSource(ModelSource):
             weight = torch.from_numpy(array if array.flags.writeable else array.copy())
             if SUPPORTED_ARCHITECTURES[self.architecture]:
                 weight = unpermute_qk(hf_name, weight, self.hf_config)
+            if self.architecture in NORM_SHIFTED_ARCHITECTURES and tensor.name.endswith("norm.weight"):
+                weight -= 1.0
             yield hf_name, weight
 
 
