@@ -78,6 +78,8 @@ def open_gguf(file: Path, tokenizer: str | None = None) -> GGUFSource:
         # transformers' GGUF config mapping drops key_length and falls back to a default
         # (hidden/heads, or Qwen3's 128), wrong for models whose head_dim is set explicitly.
         hf_config.head_dim = head_dim
+    if architecture == "gemma3":
+        apply_gemma3_rope_scaling(reader, hf_config, file)
     if tokenizer is None:
         hf_tokenizer = load_tokenizer(str(file.parent), gguf_file=file.name)
     else:
@@ -94,6 +96,22 @@ def metadata_value(reader: gguf.GGUFReader, key: str) -> str | int | float | Non
         return None
     value = field.parts[field.data[0]]
     return bytes(value).decode() if field.types[0] == gguf.GGUFValueType.STRING else value[0].item()
+
+
+def apply_gemma3_rope_scaling(reader: gguf.GGUFReader, hf_config: transformers.PretrainedConfig, file: Path) -> None:
+    """Put a Gemma 3 GGUF's rope scaling on the global layers, where HF applies it.
+
+    llama.cpp writes the linear scaling of Gemma 3 4B and larger (factor 8) as
+    ``gemma3.rope.scaling.*``; transformers' GGUF config mapping drops it. Local layers are never scaled.
+    """
+    kind = metadata_value(reader, "gemma3.rope.scaling.type")
+    if kind in (None, "none"):
+        return
+    if kind != "linear":
+        raise ModelLoadError(f"{file}: Gemma 3 rope scaling {kind!r} is not supported (only 'linear')")
+    factor = float(metadata_value(reader, "gemma3.rope.scaling.factor"))
+    full = hf_config.rope_parameters["full_attention"]
+    hf_config.rope_parameters["full_attention"] = {**full, "rope_type": "linear", "factor": factor}
 
 
 def hf_names_by_gguf_name(hf_config: transformers.PretrainedConfig, architecture: str) -> dict[str, str]:
