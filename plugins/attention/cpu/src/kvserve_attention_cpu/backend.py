@@ -58,7 +58,8 @@ class CpuAttentionBackend(AttentionBackend):
         decode_masks = {}
         if decodes:
             lens = torch.tensor([batch.seq_lens_host[i] for i in decodes], device=device)
-            key_pos = torch.arange(int(lens.max()), device=device)[None, :]
+            max_len = max(batch.seq_lens_host[i] for i in decodes)  # from the host copy: no device sync
+            key_pos = torch.arange(max_len, device=device)[None, :]
             for kind in kinds:
                 decode_masks[kind] = self._visible(lens[:, None] - 1, key_pos, kind.sliding_window)[:, None, None, :]
         prefill_masks = {
@@ -67,7 +68,7 @@ class CpuAttentionBackend(AttentionBackend):
             for kind in kinds
         }
         index = torch.tensor([batch.query_start_loc_host[i] for i in decodes], dtype=torch.long, device=device)
-        padded = batch.slot_mapping < 0
+        padded = batch.slot_mapping < 0  # read on the host: free on the CPU, the only device this runs on
         write_index = (~padded).nonzero().squeeze(1) if bool(padded.any()) else None
         return CpuAttentionMetadata(batch, decodes, prefills, index, decode_masks, prefill_masks, write_index)
 

@@ -1,8 +1,10 @@
 """Llama-family decoder models (Llama, Mistral, Qwen2, Qwen3) on kvserve's paged KV cache.
 
-The four share one implementation; they differ only in attention biases and Qwen3's
-per-head q/k RMSNorm. Parameter names mirror HF's, except that q/k/v are fused
-into ``qkv_proj`` (one matmul) and filled shard by shard.
+The four share one implementation; they differ only in attention biases, Qwen3's
+per-head q/k RMSNorm and which layers use the config's sliding window (each layer's
+window goes to the attention backend through its PagedAttention). Parameter names
+mirror HF's, except that q/k/v are fused into ``qkv_proj`` (one matmul) and filled
+shard by shard.
 """
 
 from __future__ import annotations
