@@ -153,7 +153,7 @@ class Gemma3ForCausalLM(torch.nn.Module):
                 GemmaAttention(hf_config, i, rotary_by_type[layer_type], quant_method, self.qk_norm),
                 quant_method,
             )
-            for i, layer_type in enumerate(hf_config.layer_types[: hf_config.num_hidden_layers])
+            for i, layer_type in enumerate(hf_config.layer_types)
         ]
         self.model = GemmaModel(hf_config, layers)
         if self.tie_word_embeddings:
