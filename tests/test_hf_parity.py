@@ -16,6 +16,7 @@ PROMPTS = [
 ]
 NEW_TOKENS = 24
 
+GEMMA_TINY = {"num_hidden_layers": 3, "head_dim": 32, "sliding_window": 6}
 VARIANTS = {
     "llama-gqa": ("llama", {}),
     "llama-mha-tied": ("llama", {"num_key_value_heads": 4, "tie_word_embeddings": True}),
@@ -26,6 +27,10 @@ VARIANTS = {
     "mistral-window": ("mistral", {"sliding_window": 6}),
     # ...or, as Qwen2 does from max_window_layers on, only the later layers (layer 0 sees everything).
     "qwen2-window": ("qwen2", {"use_sliding_window": True, "sliding_window": 5, "max_window_layers": 1}),
+    # Gemma: local layers (window 6) then a global one, per-type rope bases and q/k norms (Gemma 3)...
+    "gemma3-window": ("gemma3_text", {**GEMMA_TINY, "sliding_window_pattern": 3}),
+    # ...or alternating local/global layers with soft-capped attention scores and final logits (Gemma 2).
+    "gemma2-capped": ("gemma2", {**GEMMA_TINY, "attn_logit_softcapping": 5.0, "final_logit_softcapping": 10.0}),
 }
 
 

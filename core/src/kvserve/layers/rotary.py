@@ -23,13 +23,27 @@ class RotaryEmbedding(torch.nn.Module):
     The inverse frequencies come from transformers' own rope initialisers, so every rope
     type HF supports for these configs (linear, llama3, yarn, longrope) matches HF exactly.
     Dynamic NTK scaling depends on the running sequence length and is refused.
+
+    ``layer_type`` selects one entry of a config whose rope parameters are given per layer
+    type (Gemma 3: ``rope_parameters["sliding_attention"]`` and ``["full_attention"]``).
     """
 
-    def __init__(self, hf_config: Any, head_dim: int, max_position: int, device: torch.device | None = None) -> None:
+    def __init__(
+        self,
+        hf_config: Any,
+        head_dim: int,
+        max_position: int,
+        layer_type: str | None = None,
+        device: torch.device | None = None,
+    ) -> None:
         """``device``: where the cos/sin tables live; None: torch's default device, which inside the
         engine's model-building ``torch.device`` context is the platform's device."""
         super().__init__()
         params = rope_parameters(hf_config)
+        if layer_type is not None:
+            if layer_type not in params:
+                raise ValueError(f"rope_parameters has no entry for layer type {layer_type!r} (has {sorted(params)})")
+            params = dict(params[layer_type])
         rope_type = params.get("rope_type", "default")
         if rope_type == "dynamic":
             raise ValueError("rope_scaling type 'dynamic' is not supported (position-dependent frequencies)")
@@ -43,8 +57,9 @@ class RotaryEmbedding(torch.nn.Module):
         else:
             from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+            by_type = {} if layer_type is None else {"layer_type": layer_type}
             with host:  # transformers' initialisers make some tensors on the default device
-                inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config, host)
+                inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config, host, **by_type)
         positions = torch.arange(max_position, dtype=torch.float, device=host)
         freqs = torch.outer(positions, inv_freq.to(host, torch.float))
         target = torch.get_default_device() if device is None else device

@@ -17,7 +17,11 @@ from kvserve.loader.tokenizer import load_tokenizer
 
 # GGUF architecture -> whether llama.cpp's converter permuted the q/k projection rows.
 # (convert_hf_to_gguf.py reorders them for its rope kernel on "llama", which also covers Mistral.)
-SUPPORTED_ARCHITECTURES = {"llama": True, "qwen2": False, "qwen3": False}
+SUPPORTED_ARCHITECTURES = {"llama": True, "qwen2": False, "qwen3": False, "gemma2": False, "gemma3": False}
+
+# Architectures whose RMSNorm gains llama.cpp stores as ``1 + weight`` (its kernel has no offset;
+# HF's Gemma RMSNorm multiplies by ``1 + weight``), for every tensor named ``*norm.weight``.
+NORM_SHIFTED_ARCHITECTURES = {"gemma2", "gemma3"}
 
 # Tensors llama.cpp precomputes from the config; HF models derive them and store nothing.
 DERIVED_TENSORS = {"rope_freqs.weight"}
@@ -38,7 +42,7 @@ class GGUFSource(ModelSource):
         return sum(tensor.name not in DERIVED_TENSORS for tensor in self.reader.tensors)
 
     def weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Yield float32 tensors under HF names, q/k rows restored to HF order."""
+        """Yield float32 tensors under HF names, q/k rows restored to HF order, Gemma norm gains unshifted."""
         hf_names = hf_names_by_gguf_name(self.hf_config, self.architecture)
         for tensor in self.reader.tensors:
             if tensor.name in DERIVED_TENSORS:
@@ -51,6 +55,8 @@ class GGUFSource(ModelSource):
             weight = torch.from_numpy(array if array.flags.writeable else array.copy())
             if SUPPORTED_ARCHITECTURES[self.architecture]:
                 weight = unpermute_qk(hf_name, weight, self.hf_config)
+            if self.architecture in NORM_SHIFTED_ARCHITECTURES and tensor.name.endswith("norm.weight"):
+                weight -= 1.0
             yield hf_name, weight
 
 
@@ -72,6 +78,8 @@ def open_gguf(file: Path, tokenizer: str | None = None) -> GGUFSource:
         # transformers' GGUF config mapping drops key_length and falls back to a default
         # (hidden/heads, or Qwen3's 128), wrong for models whose head_dim is set explicitly.
         hf_config.head_dim = head_dim
+    if architecture == "gemma3":
+        apply_gemma3_rope_scaling(reader, hf_config, file)
     if tokenizer is None:
         hf_tokenizer = load_tokenizer(str(file.parent), gguf_file=file.name)
     else:
@@ -88,6 +96,22 @@ def metadata_value(reader: gguf.GGUFReader, key: str) -> str | int | float | Non
         return None
     value = field.parts[field.data[0]]
     return bytes(value).decode() if field.types[0] == gguf.GGUFValueType.STRING else value[0].item()
+
+
+def apply_gemma3_rope_scaling(reader: gguf.GGUFReader, hf_config: transformers.PretrainedConfig, file: Path) -> None:
+    """Put a Gemma 3 GGUF's rope scaling on the global layers, where HF applies it.
+
+    llama.cpp writes the linear scaling of Gemma 3 4B and larger (factor 8) as
+    ``gemma3.rope.scaling.*``; transformers' GGUF config mapping drops it. Local layers are never scaled.
+    """
+    kind = metadata_value(reader, "gemma3.rope.scaling.type")
+    if kind in (None, "none"):
+        return
+    if kind != "linear":
+        raise ModelLoadError(f"{file}: Gemma 3 rope scaling {kind!r} is not supported (only 'linear')")
+    factor = float(metadata_value(reader, "gemma3.rope.scaling.factor"))
+    full = hf_config.rope_parameters["full_attention"]
+    hf_config.rope_parameters["full_attention"] = {**full, "rope_type": "linear", "factor": factor}
 
 
 def hf_names_by_gguf_name(hf_config: transformers.PretrainedConfig, architecture: str) -> dict[str, str]:

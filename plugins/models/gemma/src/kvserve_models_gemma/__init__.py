@@ -1,0 +1,1 @@
+"""kvserve_models_gemma kvserve plugin package."""

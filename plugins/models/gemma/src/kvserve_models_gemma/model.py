@@ -1,0 +1,198 @@
+"""Gemma 3 (text) and Gemma 2 decoder models on kvserve's paged KV cache.
+
+Both interleave local (sliding-window) and global attention layers as the config's
+``layer_types`` says, and share Gemma's peculiarities: embeddings scaled by ``sqrt(hidden)``
+(rounded to the model dtype, as HF does), RMSNorm gains stored as ``gain - 1``, a norm after
+attention and after the MLP besides the usual pre-norms, a GELU-tanh gated MLP and a softmax
+scale of ``query_pre_attn_scalar ** -0.5``. Gemma 3 adds per-head q/k RMSNorm and a rope base
+per layer type (``rope_parameters["sliding_attention"]`` / ``["full_attention"]``); Gemma 2
+soft-caps attention scores and final logits instead. Parameter names mirror HF's, except that
+q/k/v are fused into ``qkv_proj`` as in the Llama plugin, whose weight loading is reused.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+
+from kvserve.forward_context import ForwardContext
+from kvserve.interfaces import QuantizationMethod
+from kvserve.layers import PagedAttention, QuantLinear, RMSNorm, RotaryEmbedding
+from kvserve.layers.rotary import rope_parameters
+from kvserve_models_llama.model import LlamaForCausalLM, StackedLinear, VocabEmbedding
+
+GEMMA_NORM_OFFSET = 1.0
+"""Gemma's RMSNorm multiplies by ``1 + weight``."""
+SLIDING = "sliding_attention"
+
+
+class GemmaAttention(torch.nn.Module):
+    """Fused qkv projection, optional per-head q/k norm, rope, paged attention, output projection."""
+
+    def __init__(
+        self,
+        hf_config: Any,
+        layer_idx: int,
+        rotary_emb: RotaryEmbedding,
+        quant_method: QuantizationMethod,
+        qk_norm: bool,
+    ) -> None:
+        super().__init__()
+        self.num_heads = hf_config.num_attention_heads
+        self.num_kv_heads = hf_config.num_key_value_heads
+        self.head_dim = hf_config.head_dim
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.split_sizes = [q_size, kv_size, kv_size]
+        hidden = hf_config.hidden_size
+        bias = bool(hf_config.attention_bias)
+        shards = {"q_proj": q_size, "k_proj": kv_size, "v_proj": kv_size}
+        self.qkv_proj = StackedLinear(hidden, shards, bias, quant_method)
+        self.o_proj = QuantLinear(q_size, hidden, bias, quant_method)
+        if qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, hf_config.rms_norm_eps, GEMMA_NORM_OFFSET)
+            self.k_norm = RMSNorm(self.head_dim, hf_config.rms_norm_eps, GEMMA_NORM_OFFSET)
+        else:
+            self.q_norm = self.k_norm = None
+        self.rotary_emb = rotary_emb
+        sliding = hf_config.layer_types[layer_idx] == SLIDING
+        self.attn = PagedAttention(
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            hf_config.query_pre_attn_scalar**-0.5,
+            layer_idx,
+            sliding_window=hf_config.sliding_window if sliding else None,
+            logits_soft_cap=hf_config.attn_logit_softcapping,
+        )
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        q, k, v = self.qkv_proj(hidden).split(self.split_sizes, dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary_emb(positions, q, k)
+        return self.o_proj(self.attn(q, k, v, ctx))
+
+
+class GemmaMLP(torch.nn.Module):
+    """Gated feed-forward: ``down(gelu_tanh(gate(x)) * up(x))``."""
+
+    def __init__(self, hf_config: Any, quant_method: QuantizationMethod) -> None:
+        super().__init__()
+        if hf_config.hidden_activation != "gelu_pytorch_tanh":
+            raise ValueError(
+                f"hidden_activation {hf_config.hidden_activation!r} is not supported (only 'gelu_pytorch_tanh')"
+            )
+        hidden, intermediate = hf_config.hidden_size, hf_config.intermediate_size
+        self.gate_proj = QuantLinear(hidden, intermediate, False, quant_method)
+        self.up_proj = QuantLinear(hidden, intermediate, False, quant_method)
+        self.down_proj = QuantLinear(intermediate, hidden, False, quant_method)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh") * self.up_proj(x))
+
+
+class GemmaDecoderLayer(torch.nn.Module):
+    """Attention and MLP, each between a pre-norm and a post-norm, each added to the residual."""
+
+    def __init__(self, hf_config: Any, self_attn: GemmaAttention, quant_method: QuantizationMethod) -> None:
+        super().__init__()
+        hidden, eps = hf_config.hidden_size, hf_config.rms_norm_eps
+        self.input_layernorm = RMSNorm(hidden, eps, GEMMA_NORM_OFFSET)
+        self.self_attn = self_attn
+        self.post_attention_layernorm = RMSNorm(hidden, eps, GEMMA_NORM_OFFSET)
+        self.pre_feedforward_layernorm = RMSNorm(hidden, eps, GEMMA_NORM_OFFSET)
+        self.mlp = GemmaMLP(hf_config, quant_method)
+        self.post_feedforward_layernorm = RMSNorm(hidden, eps, GEMMA_NORM_OFFSET)
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        attn = self.self_attn(positions, self.input_layernorm(hidden), ctx)
+        hidden = hidden + self.post_attention_layernorm(attn)
+        mlp = self.mlp(self.pre_feedforward_layernorm(hidden))
+        return hidden + self.post_feedforward_layernorm(mlp)
+
+
+class GemmaModel(torch.nn.Module):
+    """Scaled token embedding, the decoder layers and the final norm (HF's ``model.*`` submodule)."""
+
+    def __init__(self, hf_config: Any, layers: list[GemmaDecoderLayer]) -> None:
+        super().__init__()
+        self.embed_tokens = VocabEmbedding(hf_config.vocab_size, hf_config.hidden_size)
+        # HF multiplies by sqrt(hidden) rounded to the embedding dtype (25.25 in bfloat16 for 640, not 25.30).
+        self.register_buffer("embed_scale", torch.tensor(hf_config.hidden_size**0.5), persistent=False)
+        self.layers = torch.nn.ModuleList(layers)
+        self.norm = RMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps, GEMMA_NORM_OFFSET)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)
+        hidden = hidden * self.embed_scale.to(hidden.dtype)
+        for layer in self.layers:
+            hidden = layer(positions, hidden, ctx)
+        return self.norm(hidden)
+
+
+class Gemma3ForCausalLM(torch.nn.Module):
+    """Gemma 3, text only: q/k norms and one rope table per layer type (local and global bases)."""
+
+    qk_norm: ClassVar[bool] = True
+
+    def __init__(self, hf_config: Any, quant_method: QuantizationMethod) -> None:
+        super().__init__()
+        if getattr(hf_config, "use_bidirectional_attention", False):
+            raise ValueError("use_bidirectional_attention=True (EmbeddingGemma) is not supported: kvserve is causal")
+        self.hf_config = hf_config
+        self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
+        rotary_by_type = self.rotary_embeddings(hf_config)
+        layers = [
+            GemmaDecoderLayer(
+                hf_config,
+                GemmaAttention(hf_config, i, rotary_by_type[layer_type], quant_method, self.qk_norm),
+                quant_method,
+            )
+            for i, layer_type in enumerate(hf_config.layer_types)
+        ]
+        self.model = GemmaModel(hf_config, layers)
+        if self.tie_word_embeddings:
+            self.lm_head = self.model.embed_tokens
+        else:
+            self.lm_head = VocabEmbedding(hf_config.vocab_size, hf_config.hidden_size)
+
+    @staticmethod
+    def rotary_embeddings(hf_config: Any) -> dict[str, RotaryEmbedding]:
+        """Layer type -> its rope table: one per type when the config gives rope parameters per type,
+        else one table shared by all layers (Gemma 2)."""
+        types = sorted(set(hf_config.layer_types))
+        head_dim, max_position = hf_config.head_dim, hf_config.max_position_embeddings
+        if set(types) <= set(rope_parameters(hf_config)):
+            return {layer_type: RotaryEmbedding(hf_config, head_dim, max_position, layer_type) for layer_type in types}
+        shared = RotaryEmbedding(hf_config, head_dim, max_position)
+        return dict.fromkeys(types, shared)
+
+    def attention_shape(self) -> tuple[int, int, int, int]:
+        """``(num_layers, num_heads, num_kv_heads, head_dim)`` of the KV cache this model needs."""
+        config = self.hf_config
+        return config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads, config.head_dim
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """Hidden states ``[num_tokens, hidden]`` for the flattened tokens of one step."""
+        return self.model(input_ids, positions, ctx)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Float32 vocabulary logits for hidden rows ``[n, hidden]``, soft-capped when the config says so."""
+        logits = F.linear(hidden, self.lm_head.weight).float()
+        cap = getattr(self.hf_config, "final_logit_softcapping", None)
+        return logits if cap is None else torch.tanh(logits / cap) * cap
+
+    # Same HF names, fused q/k/v shards and tied-embedding rules as the Llama family.
+    load_weights = LlamaForCausalLM.load_weights
+    _checkpoint_names = LlamaForCausalLM._checkpoint_names
+
+
+class Gemma2ForCausalLM(Gemma3ForCausalLM):
+    """Gemma 2: no q/k norms, one rope base; attention scores and final logits soft-capped."""
+
+    qk_norm = False
