@@ -1,7 +1,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
-PACKAGES := core platforms/cpu plugins/attention/cpu plugins/schedulers/fifo plugins/schedulers/priority plugins/models/llama
+PACKAGES := core platforms/cpu plugins/attention/cpu plugins/schedulers/fifo plugins/schedulers/priority plugins/models/llama plugins/attention/triton
 export OMP_NUM_THREADS ?= 2
 
 .PHONY: install demo test lint bench serve
