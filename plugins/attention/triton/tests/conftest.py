@@ -5,8 +5,13 @@ before any test module imports the kernels.
 """
 
 import os
+import sys
+from pathlib import Path
 
 import torch
 
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
+
+# the shared case builder (triton_cases.py) is imported by name from this folder
+sys.path.insert(0, str(Path(__file__).parent))
