@@ -104,6 +104,10 @@ class AttentionBackendContract(ComponentContract):
       the sequences that differ (prefill, chunked prefill or decode) and, when the output
       matches a known bug (causal mask off by one, no causal mask, GQA head mapping, cached
       tokens ignored, scale ignored), that bug;
+    - sequences span several blocks whatever the block size (:func:`scenario` scales with it);
+      ``query``/``key``/``value`` may be strided views of one fused qkv tensor; the softmax scale
+      is the caller's; block ids may be the last of a large pool; one batch may hold 64
+      sequences of very different lengths;
     - ``forward`` leaves the cache unchanged; one ``build_metadata`` result serves every layer;
     - ``write_kv`` changes exactly the K and V rows of the ``slot_mapping`` slots, and each
       token's K/V lands in its own slot (for caches whose layout :meth:`kv_slots` can read);
@@ -113,7 +117,9 @@ class AttentionBackendContract(ComponentContract):
     - class facts are consistent (registry name, device types, dtypes, block sizes, cache shape).
 
     Tests run on the first installed, available platform whose device type the backend
-    supports (or :attr:`platform_name`); without one they are skipped with the reason.
+    supports (or :attr:`platform_name`); without one they are skipped with the reason. A Triton
+    backend sets :attr:`interpreter_on_cpu` to run on the CPU platform in Triton's interpreter
+    when no GPU platform is available.
     """
 
     kind = "attention_backend"
