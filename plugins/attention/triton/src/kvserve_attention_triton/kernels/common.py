@@ -11,9 +11,10 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 """Whether the kernels run in Triton's CPU interpreter (read once, as triton itself does at ``@jit``)."""
 
 
-def dot_precision(dtype: torch.dtype) -> str:
-    """float32 inputs multiply in full precision (TF32 would miss the float32 tolerances)."""
-    return "ieee" if dtype == torch.float32 else "tf32"
+def dot_precision(dtype: torch.dtype) -> str | None:
+    """float32 inputs multiply in full precision (TF32 would miss the float32 tolerances);
+    None leaves 16-bit inputs to the target's default."""
+    return "ieee" if dtype == torch.float32 else None
 
 
 def head_pad(head_dim: int) -> int:
