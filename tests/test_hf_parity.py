@@ -22,6 +22,10 @@ VARIANTS = {
     "mistral": ("mistral", {}),
     "qwen2-tied": ("qwen2", {"tie_word_embeddings": True}),
     "qwen3": ("qwen3", {"num_key_value_heads": 1}),
+    # Windows shorter than most prompts, 24 tokens generated past them: every layer slides...
+    "mistral-window": ("mistral", {"sliding_window": 6}),
+    # ...or, as Qwen2 does from max_window_layers on, only the later layers (layer 0 sees everything).
+    "qwen2-window": ("qwen2", {"use_sliding_window": True, "sliding_window": 5, "max_window_layers": 1}),
 }
 
 

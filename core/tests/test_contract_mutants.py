@@ -26,6 +26,7 @@ SUBJECTS = {
     "TestWrongSlotWrite": ("AttentionBackendContract", "mutant_attention", "WrongSlotWrite"),
     "TestCausalOffByOne": ("AttentionBackendContract", "mutant_attention", "CausalOffByOne"),
     "TestGqaTiledHeads": ("AttentionBackendContract", "mutant_attention", "GqaTiledHeads"),
+    "TestWindowOffByOne": ("AttentionBackendContract", "mutant_attention", "WindowOffByOne"),
     "TestRealCpuBackend": ("AttentionBackendContract", "kvserve_attention_cpu.backend", "CpuAttentionBackend"),
     "TestOverBudget": ("SchedulerContract", "mutant_scheduler", "OverBudget"),
     "TestLeaksOnAbort": ("SchedulerContract", "mutant_scheduler", "LeaksOnAbort"),
@@ -100,6 +101,23 @@ def test_attention_mutant_mapping_gqa_heads_wrong_is_caught(outcomes):
     assert failed and all("-gqa-" in t for t in failed), f"only GQA batches are affected: {list(failed)}"
     for message in failed.values():
         assert "GQA maps query head h to KV head h % num_kv_heads instead of h // " in message, message
+
+
+def test_attention_mutant_with_sliding_window_off_by_one_is_caught(outcomes):
+    failed = failures(outcomes, "TestWindowOffByOne")
+    assert set(failed) >= {
+        "test_layer_facts_match_reference[window-mixed-gqa-d64-bs16-float32]",
+        "test_layer_facts_match_reference[window-softcap-mixed-gqa-d64-bs3-float32]",
+        "test_layers_of_different_kinds_share_one_metadata",
+    }, list(failed)
+    assert all(t.startswith(("test_layer_facts_match_reference[window", "test_layers_of_")) for t in failed), (
+        f"only layers with a sliding window are affected: {list(failed)}"
+    )
+    for test, message in failed.items():
+        if test.startswith("test_layer_facts_match_reference[window-mixed"):
+            assert "sliding window is off by one: each query also sees the key sliding_window positions back" in (
+                message
+            ), message
 
 
 def test_scheduler_mutant_exceeding_the_token_budget_is_caught(outcomes):

@@ -27,6 +27,9 @@ class CacheConfig(_Section):
     block_size: PositiveInt | Literal["auto"] = AUTO
     num_kv_blocks: PositiveInt | None = Field(None, description="Exact block count; overrides the memory budget")
     kv_cache_memory: ByteSize | None = Field(None, description="KV cache budget, e.g. '2GiB'; None: platform's")
+    kv_cache_memory_fraction: float | None = Field(
+        None, gt=0, le=1, description="Share of device memory for the KV cache when no budget is set; None: platform's"
+    )
     enable_prefix_caching: bool = Field(True, description="Reuse the KV of full blocks shared with earlier prompts")
     kv_cache_manager: str = AUTO
 

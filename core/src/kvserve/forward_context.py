@@ -6,8 +6,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    import torch
-
     from kvserve.interfaces.attention import AttentionBackend, AttentionBatch
 
 
@@ -19,5 +17,5 @@ class ForwardContext:
     batch: AttentionBatch
     metadata: Any
     """The backend's :meth:`~kvserve.interfaces.AttentionBackend.build_metadata` result."""
-    kv_caches: list[torch.Tensor]
-    """One tensor per layer, in the backend's ``kv_cache_shape``."""
+    kv_caches: list[Any]
+    """One entry per layer, as the backend's ``allocate_kv_cache`` made them."""

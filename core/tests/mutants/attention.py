@@ -8,7 +8,6 @@ contract fails each of them with a message naming the broken behaviour. Also ins
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from kvserve_attention_cpu.backend import CpuAttentionBackend
 
@@ -29,11 +28,22 @@ class CausalOffByOne(CpuAttentionBackend):
 
     name = "cpu_causal_off_by_one"
 
+    def _prefill_mask(self, seq_len: int, q_len: int, layer) -> torch.Tensor:
+        query_pos = torch.arange(seq_len - q_len, seq_len)[:, None]
+        return torch.arange(seq_len)[None, :] <= query_pos + 1
+
+
+class WindowOffByOne(CpuAttentionBackend):
+    """A sliding window of ``sliding_window + 1`` keys (``>=`` where ``>`` belongs), in prefills and decodes."""
+
+    name = "cpu_window_off_by_one"
+
     @staticmethod
-    def _causal(q, keys, values, seq_len: int, scale: float, gqa: bool) -> torch.Tensor:
-        query_pos = torch.arange(seq_len - q.shape[2], seq_len)[:, None]
-        mask = torch.arange(seq_len)[None, :] <= query_pos + 1
-        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale, enable_gqa=gqa)
+    def _visible(query_pos: torch.Tensor, key_pos: torch.Tensor, window: int | None) -> torch.Tensor:
+        mask = key_pos <= query_pos
+        if window is not None:
+            mask &= key_pos >= query_pos - window
+        return mask
 
 
 class GqaTiledHeads(CpuAttentionBackend):

@@ -8,7 +8,7 @@ import torch
 
 from kvserve.config import AUTO, EngineConfig
 from kvserve.errors import ConfigError
-from kvserve.interfaces import AttentionBackend, AttentionSpec, Platform
+from kvserve.interfaces import AttentionBackend, AttentionSpec, LayerAttentionSpec, Platform
 from kvserve.plugins import get_plugin_manager, load_component
 
 
@@ -45,9 +45,16 @@ def resolve_dtype(config: EngineConfig, platform: Platform) -> torch.dtype:
 
 
 def resolve_attention(
-    config: EngineConfig, platform: Platform, shape: tuple[int, int, int], dtype: torch.dtype
+    config: EngineConfig,
+    platform: Platform,
+    shape: tuple[int, int, int],
+    layers: tuple[LayerAttentionSpec, ...],
+    dtype: torch.dtype,
 ) -> tuple[type[AttentionBackend], AttentionSpec]:
-    """The backend (configured, or the platform's first preference that accepts the model) and its spec."""
+    """The backend (configured, or the platform's first preference that accepts the model) and its spec.
+
+    ``shape`` is ``(num_heads, num_kv_heads, head_dim)``, ``layers`` the model's per-layer facts.
+    """
     num_heads, num_kv_heads, head_dim = shape
     choice = config.attention.attention_backend
     if choice == AUTO:
@@ -64,7 +71,7 @@ def resolve_attention(
             refusals.append(f"{name}: runs on {', '.join(cls.device_types)}, not {platform.device_type}")
             continue
         block_size = cls.default_block_size if config.cache.block_size == AUTO else config.cache.block_size
-        spec = AttentionSpec(num_heads, num_kv_heads, head_dim, dtype, block_size, platform.device())
+        spec = AttentionSpec(num_heads, num_kv_heads, head_dim, dtype, block_size, platform.device(), layers)
         reasons = cls.unsupported_reasons(spec, platform)
         if not reasons:
             return cls, spec

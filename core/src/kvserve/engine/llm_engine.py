@@ -16,11 +16,12 @@ from kvserve.config import AUTO, EngineConfig
 from kvserve.engine import components
 from kvserve.engine.model_runner import ModelRunner
 from kvserve.engine.output_processor import RequestState, SequenceState
+from kvserve.engine.profiling import profile_peak_memory
 from kvserve.engine.sampler import Sampler, top_logprobs
 from kvserve.engine.stats import EngineStats, StatLogger
 from kvserve.errors import CapacityError, ConfigError
-from kvserve.interfaces import QuantizationMethod
-from kvserve.layers import QuantLinear, UnquantizedLinearMethod
+from kvserve.interfaces import AttentionBackend, LayerAttentionSpec, QuantizationMethod
+from kvserve.layers import QuantLinear, UnquantizedLinearMethod, attention_layers
 from kvserve.logging_setup import configure_logging
 from kvserve.outputs import RequestOutput
 from kvserve.plugins import load_component
@@ -58,17 +59,18 @@ class LLMEngine:
         self.eos_token_ids = self._eos_token_ids(source)
 
         self.model = self._build_model(source)
-        num_layers, *shape = self.model.attention_shape()
-        backend_cls, spec = components.resolve_attention(config, self.platform, tuple(shape), self.dtype)
+        # The backend exists before the cache is sized: it states what a block costs.
+        backend_cls, spec = components.resolve_attention(
+            config, self.platform, self._attention_shape(), self._attention_layers(), self.dtype
+        )
+        backend = backend_cls(spec)
         scheduler_cls, manager_cls = components.resolve_policy_components(config)
-        num_blocks = self._num_kv_blocks(backend_cls, spec, num_layers)
-        device = self.platform.device()
-        kv_shape = backend_cls.kv_cache_shape(num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)
-        kv_caches = [torch.zeros(kv_shape, dtype=self.dtype, device=device) for _ in range(num_layers)]
+        num_blocks = self._num_kv_blocks(backend)
+        kv_caches = backend.allocate_kv_cache(num_blocks)
         self.kv_cache_manager = manager_cls(num_blocks, spec.block_size, config.cache.enable_prefix_caching)
         self.scheduler = scheduler_cls(config.scheduler, self.kv_cache_manager, self.max_model_len)
         self.sampler = Sampler(config.model.seed)
-        self.runner = ModelRunner(self.model, backend_cls(spec), kv_caches, self.kv_cache_manager, device)
+        self.runner = ModelRunner(self.model, backend, kv_caches, self.kv_cache_manager, self.platform.device())
         self.states: dict[str, RequestState] = {}
         """User requests by id."""
         self.sequences: dict[str, tuple[RequestState, SequenceState]] = {}
@@ -132,25 +134,63 @@ class LLMEngine:
                 module.quant_method.process_weights_after_loading(module)
         return model.eval()
 
-    def _num_kv_blocks(self, backend_cls: Any, spec: Any, num_layers: int) -> int:
-        """Usable blocks + the null block, from the explicit count or the memory budget."""
-        per_block = math.prod(backend_cls.kv_cache_shape(1, spec.block_size, spec.num_kv_heads, spec.head_dim))
-        block_bytes = per_block * self.dtype.itemsize * num_layers
+    def _attention_shape(self) -> tuple[int, int, int]:
+        """``(num_heads, num_kv_heads, head_dim)`` from the model's ``attention_shape()``."""
+        _, num_heads, num_kv_heads, head_dim = self.model.attention_shape()
+        return num_heads, num_kv_heads, head_dim
+
+    def _attention_layers(self) -> tuple[LayerAttentionSpec, ...]:
+        """Each attention layer's facts, from the model's PagedAttention modules."""
+        name = type(self.model).__name__
+        try:
+            layers = attention_layers(self.model)
+        except ValueError as exc:
+            raise ConfigError(f"model: {exc}") from None
+        num_layers = self.model.attention_shape()[0]
+        if len(layers) != num_layers:
+            raise ConfigError(
+                f"model: {name}.attention_shape() gives {num_layers} layers, but the model has "
+                f"{len(layers)} kvserve.layers.PagedAttention modules"
+            )
+        return layers
+
+    def _num_kv_blocks(self, backend: AttentionBackend) -> int:
+        """Usable blocks + the null block, from the explicit count or the memory budget.
+
+        The budget (``kv_cache_memory``, else the platform's answer after a profiling forward)
+        pays for the backend's workspace and every block of every layer, the null block included.
+        """
+        spec = backend.spec
+        block_bytes = backend.kv_cache_bytes_per_block() * spec.num_layers
         blocks_per_seq = math.ceil(self.max_model_len / spec.block_size)
         cache = self.config.cache
         if cache.num_kv_blocks is not None:
             usable, source = cache.num_kv_blocks, "num_kv_blocks"
         else:
-            budget = cache.kv_cache_memory or self.platform.kv_cache_memory_bytes()
+            budget = cache.kv_cache_memory
+            if budget is None:
+                peak = self._profile_peak_memory(backend)
+                budget = self.platform.kv_cache_memory_bytes(peak, cache.kv_cache_memory_fraction)
+            usable = (budget - backend.workspace_bytes()) // block_bytes - 1
             # No point reserving more than max_num_seqs full-length sequences can use.
-            usable = min(budget // block_bytes, self.config.scheduler.max_num_seqs * blocks_per_seq)
+            usable = min(usable, self.config.scheduler.max_num_seqs * blocks_per_seq)
             source = "kv_cache_memory"
         if usable < blocks_per_seq:
             raise ConfigError(
-                f"{source}: {usable} KV blocks of {spec.block_size} tokens cannot hold one sequence of "
-                f"max_model_len={self.max_model_len} ({blocks_per_seq} blocks); raise {source} or lower max_model_len"
+                f"{source}: {max(usable, 0)} KV blocks of {spec.block_size} tokens ({block_bytes} bytes each, "
+                f"{backend.workspace_bytes()} bytes of {type(backend).name} workspace aside) cannot hold one "
+                f"sequence of max_model_len={self.max_model_len} ({blocks_per_seq} blocks); "
+                f"raise {source} or lower max_model_len"
             )
         return usable + 1
+
+    def _profile_peak_memory(self, backend: AttentionBackend) -> int:
+        """Peak activation bytes of the largest step the scheduler can plan, as the platform measures it."""
+        scheduler = self.config.scheduler
+        return profile_peak_memory(
+            self.model, backend, self.platform, scheduler.max_num_batched_tokens, self.max_model_len,
+            scheduler.max_num_seqs,
+        )  # fmt: skip
 
     # -- requests -------------------------------------------------------------------------
     def add_request(

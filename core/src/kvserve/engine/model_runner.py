@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,7 +30,7 @@ class ModelRunner:
         self,
         model: torch.nn.Module,
         backend: AttentionBackend,
-        kv_caches: list[torch.Tensor],
+        kv_caches: list[Any],
         kv_cache_manager: KVCacheManager,
         device: torch.device,
     ) -> None:
@@ -72,6 +73,8 @@ class ModelRunner:
             slot_mapping=to_device(np.concatenate(slots), torch.int64),
             query_start_loc_host=query_start_loc,
             seq_lens_host=seq_lens,
+            context_lens_host=context_lens,
+            block_tables_host=block_tables,
             block_size=bs,
         )
         return to_device(token_ids, torch.long), to_device(np.concatenate(positions), torch.long), batch
@@ -104,8 +107,6 @@ class ModelRunner:
         """Copy whole KV blocks ``src -> dst`` in every layer (copy-on-write of a shared block)."""
         if not pairs:
             return
-        src = torch.tensor([p[0] for p in pairs], device=self.device)
-        dst = torch.tensor([p[1] for p in pairs], device=self.device)
-        dim = self.backend.kv_cache_block_dim
-        for cache in self.kv_caches:
-            cache.index_copy_(dim, dst, cache.index_select(dim, src))
+        src = torch.tensor([p[0] for p in pairs], dtype=torch.int64, device=self.device)
+        dst = torch.tensor([p[1] for p in pairs], dtype=torch.int64, device=self.device)
+        self.backend.copy_blocks(self.kv_caches, src, dst)

@@ -1,6 +1,6 @@
 """The interfaces plugins implement. Importing this package does not import torch."""
 
-from kvserve.interfaces.attention import AttentionBackend, AttentionBatch, AttentionSpec
+from kvserve.interfaces.attention import AttentionBackend, AttentionBatch, AttentionSpec, LayerAttentionSpec
 from kvserve.interfaces.kv_cache import KVCacheManager, KVCacheStats
 from kvserve.interfaces.model import Model
 from kvserve.interfaces.platform import Platform
@@ -13,6 +13,7 @@ __all__ = [
     "AttentionSpec",
     "KVCacheManager",
     "KVCacheStats",
+    "LayerAttentionSpec",
     "Model",
     "Platform",
     "QuantizationMethod",

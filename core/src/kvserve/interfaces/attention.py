@@ -1,15 +1,31 @@
-"""The AttentionBackend interface and the per-step batch description backends consume."""
+"""The AttentionBackend interface, the spec it is built from and the per-step batch description it consumes."""
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
     from kvserve.interfaces.platform import Platform
+
+
+@dataclass(frozen=True)
+class LayerAttentionSpec:
+    """One attention layer's facts. A model may mix kinds (Gemma 3: sliding local and full global
+    layers; Qwen2 with ``max_window_layers``), so the spec holds one per layer."""
+
+    scale: float
+    """Softmax scale: scores are ``q · k * scale``."""
+    sliding_window: int | None = None
+    """The query at position ``p`` sees the keys at positions ``j`` with ``p - sliding_window < j <= p``
+    (``sliding_window`` keys, its own included); None: every earlier key (plain causal)."""
+    logits_soft_cap: float | None = None
+    """Scores become ``cap * tanh(scores / cap)`` (after scaling, before the mask and softmax); None: no cap."""
 
 
 @dataclass(frozen=True)
@@ -20,8 +36,28 @@ class AttentionSpec:
     num_kv_heads: int
     head_dim: int
     dtype: torch.dtype
+    """Query and output dtype (the model's dtype)."""
     block_size: int
     device: torch.device
+    layers: tuple[LayerAttentionSpec, ...]
+    """One entry per attention layer; ``layers[layer_idx]`` holds the facts of that layer
+    (see :func:`kvserve.layers.attention_layers`)."""
+    kv_cache_dtype: torch.dtype | None = None
+    """The dtype K and V are stored in; None: the same as :attr:`dtype`."""
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def cache_dtype(self) -> torch.dtype:
+        """The dtype of the KV cache: :attr:`kv_cache_dtype`, else :attr:`dtype`."""
+        return self.kv_cache_dtype or self.dtype
+
+    @property
+    def layer_kinds(self) -> tuple[LayerAttentionSpec, ...]:
+        """The distinct layer specs, in order of first appearance (what a backend plans once per step)."""
+        return tuple(dict.fromkeys(self.layers))
 
 
 @dataclass
@@ -32,7 +68,8 @@ class AttentionBatch:
     owns tokens ``query_start_loc[i]:query_start_loc[i+1]``. Its new tokens sit at
     positions ``context_lens[i] .. seq_lens[i]-1``: a decode has one new token, a (chunked)
     prefill several; one batch mixes both freely. All tensors are on the engine's device;
-    the ``*_host`` lists hold the same numbers on the host so backends can plan without a sync.
+    the ``*_host`` fields hold the same numbers on the host, so that backends plan without a
+    device sync.
     """
 
     query_start_loc: torch.Tensor
@@ -44,9 +81,13 @@ class AttentionBatch:
     block_tables: torch.Tensor
     """int32 ``[num_seqs, max_blocks]``: physical block ids; unused entries hold the null block 0."""
     slot_mapping: torch.Tensor
-    """int64 ``[num_tokens]``: the cache slot (``block * block_size + offset``) of each new token."""
+    """int64 ``[num_tokens]``: the cache slot (``block * block_size + offset``) of each new token;
+    -1 marks a padded token whose K/V must not be stored."""
     query_start_loc_host: list[int]
     seq_lens_host: list[int]
+    context_lens_host: list[int]
+    block_tables_host: np.ndarray
+    """int32 ``[num_seqs, max_blocks]``: the same numbers as :attr:`block_tables`, on the host."""
     block_size: int
 
     @property
@@ -74,12 +115,21 @@ class AttentionBatch:
 class AttentionBackend(ABC):
     """Paged attention for a mixed batch of prefills, chunked prefills and decodes.
 
-    The engine makes one instance per engine from an :class:`AttentionSpec`, calls
-    :meth:`build_metadata` once per step, then for every layer :meth:`write_kv` followed by
-    :meth:`forward`. Tensors: ``query`` is ``[num_tokens, num_heads, head_dim]``, ``key`` and
-    ``value`` are ``[num_tokens, num_kv_heads, head_dim]``; query head ``h`` attends to KV
-    head ``h // (num_heads // num_kv_heads)`` (GQA/MQA). Attention is causal over each
-    sequence's positions ``0 .. seq_len-1``.
+    The engine builds one instance from an :class:`AttentionSpec` before it sizes the KV
+    cache: it asks :meth:`kv_cache_bytes_per_block` and :meth:`workspace_bytes` to size the
+    pool, then :meth:`allocate_kv_cache` for it. Each step it calls :meth:`build_metadata`
+    once, then for every layer :meth:`write_kv` followed by :meth:`forward`.
+
+    Tensors: ``query`` is ``[num_tokens, num_heads, head_dim]``, ``key`` and ``value`` are
+    ``[num_tokens, num_kv_heads, head_dim]``; they may be non-contiguous views (the Llama model
+    slices them from one fused projection). Query head ``h`` attends to KV head
+    ``h // (num_heads // num_kv_heads)`` (GQA/MQA). Attention is causal over each sequence's
+    positions ``0 .. seq_len-1``, limited by the layer's sliding window and soft-capped as its
+    :class:`LayerAttentionSpec` says.
+
+    Freeing blocks that fall out of a sliding window is not the backend's business: block
+    tables come from the KV cache manager (see :class:`~kvserve.interfaces.KVCacheManager`),
+    and a backend must never read keys outside a layer's window, whatever the table holds there.
     """
 
     name: ClassVar[str]
@@ -88,14 +138,17 @@ class AttentionBackend(ABC):
     """Platform device types the backend runs on (``"cpu"``, ``"cuda"``)."""
     supported_dtypes: ClassVar[tuple[str, ...]]
     """Query/KV dtypes as torch dtype names."""
+    supported_head_sizes: ClassVar[tuple[int, ...] | None] = None
+    """Head sizes the backend has kernels for; None: any."""
     block_size_multiple: ClassVar[int] = 1
     """Block sizes must be a multiple of this (FlashAttention 2: 256)."""
     default_block_size: ClassVar[int] = 16
     """Block size used under ``block_size="auto"``; must be a multiple of ``block_size_multiple``."""
     kv_cache_block_dim: ClassVar[int] = 1
-    """Which dimension of :meth:`kv_cache_shape` indexes blocks (used to copy blocks for copy-on-write)."""
+    """Which dimension of :meth:`kv_cache_shape` indexes blocks (used by the default :meth:`copy_blocks`)."""
 
     def __init__(self, spec: AttentionSpec) -> None:
+        """Called once per engine, before the KV cache is sized; keep ``spec`` as ``self.spec``."""
         self.spec = spec
 
     @classmethod
@@ -104,7 +157,11 @@ class AttentionBackend(ABC):
 
         The same list drives ``auto`` selection and the error shown when a user forces the
         backend, so each reason is a readable sentence (``"dtype float16 not supported
-        (supported: float32, bfloat16)"``). Subclasses extend the base checks.
+        (supported: float32, bfloat16)"``). The base checks platform, dtype, block size, head
+        counts and :attr:`supported_head_sizes`; subclasses extend them, e.g. a backend that
+        cannot apply a sliding window or a soft-cap refuses a spec whose ``layers`` use one,
+        with a reason naming it (``"sliding window not supported"``, ``"logits soft-cap not
+        supported"``), or a KV cache dtype it cannot store.
         """
         reasons = []
         if platform.device_type not in cls.device_types:
@@ -116,27 +173,77 @@ class AttentionBackend(ABC):
             reasons.append(f"block size {spec.block_size} is not a multiple of {cls.block_size_multiple}")
         if spec.num_heads % spec.num_kv_heads:
             reasons.append(f"{spec.num_heads} query heads do not divide into {spec.num_kv_heads} KV heads")
+        if cls.supported_head_sizes is not None and spec.head_dim not in cls.supported_head_sizes:
+            sizes = ", ".join(map(str, cls.supported_head_sizes))
+            reasons.append(f"head size {spec.head_dim} not supported (supported: {sizes})")
         return reasons
 
-    @classmethod
     @abstractmethod
-    def kv_cache_shape(cls, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
-        """Shape of one layer's KV cache tensor (K and V together) in this backend's layout."""
+    def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
+        """Shape of one layer's KV cache tensor (K and V of ``num_blocks`` blocks) in this backend's layout."""
+
+    def kv_cache_bytes_per_block(self) -> int:
+        """Bytes one block takes in one layer: K and V, plus any scale tensors the backend keeps.
+
+        The engine sizes the pool as ``(budget - workspace_bytes()) // (this * num_layers)``.
+        The default counts :meth:`kv_cache_shape` in ``spec.cache_dtype``; override it when
+        :meth:`allocate_kv_cache` allocates more per block.
+        """
+        return math.prod(self.kv_cache_shape(1)) * self.spec.cache_dtype.itemsize
+
+    def workspace_bytes(self) -> int:
+        """Device bytes the backend needs besides the KV cache (e.g. a planner's scratch buffer).
+
+        The engine reserves them from the KV budget; the backend allocates them itself (say,
+        in :meth:`allocate_kv_cache`). Default 0.
+        """
+        return 0
+
+    def allocate_kv_cache(self, num_blocks: int) -> list[Any]:
+        """One KV cache per layer (``spec.num_layers`` entries), each holding ``num_blocks`` blocks.
+
+        What an entry is belongs to the backend: :meth:`write_kv`, :meth:`forward` and
+        :meth:`copy_blocks` receive it back. The default is a zeroed tensor of
+        :meth:`kv_cache_shape` in ``spec.cache_dtype`` on ``spec.device`` per layer.
+        """
+        import torch
+
+        shape = self.kv_cache_shape(num_blocks)
+        return [
+            torch.zeros(shape, dtype=self.spec.cache_dtype, device=self.spec.device)
+            for _ in range(self.spec.num_layers)
+        ]
+
+    def copy_blocks(self, kv_caches: list[Any], src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy whole blocks ``src[i] -> dst[i]`` in every layer's cache (copy-on-write of a shared block).
+
+        ``src`` and ``dst`` are int64 block ids on ``spec.device``. The default handles tensor
+        caches whose dimension :attr:`kv_cache_block_dim` indexes blocks.
+        """
+        dim = self.kv_cache_block_dim
+        for cache in kv_caches:
+            cache.index_copy_(dim, dst, cache.index_select(dim, src))
 
     @abstractmethod
     def build_metadata(self, batch: AttentionBatch) -> Any:
-        """Per-step metadata for :meth:`write_kv` and :meth:`forward`, shared by all layers."""
+        """Per-step metadata for :meth:`write_kv` and :meth:`forward`, shared by all layers.
 
-    @abstractmethod
-    def write_kv(self, kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, metadata: Any) -> None:
-        """Store this step's ``key``/``value`` rows in ``kv_cache`` at ``batch.slot_mapping``, in place.
-
-        No other slot may change.
+        Plan here, once per step, from the ``*_host`` fields of ``batch`` (reading the device
+        tensors on the host would sync); per-layer facts are in ``self.spec.layers``, their
+        distinct kinds in ``self.spec.layer_kinds``.
         """
 
     @abstractmethod
-    def forward(self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: Any, scale: float) -> torch.Tensor:
-        """Causal attention of ``query`` over each sequence's cached KV (this step's included).
+    def write_kv(self, kv_cache: Any, key: torch.Tensor, value: torch.Tensor, metadata: Any) -> None:
+        """Store this step's ``key``/``value`` rows in ``kv_cache`` at ``batch.slot_mapping``, in place.
 
-        Returns ``[num_tokens, num_heads, head_dim]`` in the query's dtype.
+        Tokens whose slot is -1 (padding) are skipped. No other slot may change.
+        """
+
+    @abstractmethod
+    def forward(self, query: torch.Tensor, kv_cache: Any, metadata: Any, layer_idx: int) -> torch.Tensor:
+        """Causal attention of ``query`` over each sequence's cached KV (this step's included),
+        with the scale, sliding window and soft-cap of ``self.spec.layers[layer_idx]``.
+
+        Returns ``[num_tokens, num_heads, head_dim]`` in the query's dtype; never writes the cache.
         """

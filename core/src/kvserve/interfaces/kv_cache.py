@@ -49,6 +49,17 @@ class KVCacheManager(ABC):
     keeps the request computing the block, so schedulers do all of a step's preemptions
     before its first admission, and the manager stops offering a block whose request is
     freed before computing it (``request.num_computed_tokens`` tells which tokens are done).
+
+    Sliding windows: a block whose tokens all lie ``sliding_window`` or more positions behind
+    a request's next token is never read again by a sliding layer (attention backends never
+    read keys outside a layer's window, whatever the table holds there). Whether to free it
+    is this manager's decision, as it alone owns the tables; one that does keeps the table's
+    length (positions index it) and puts the null block 0 in the freed entries. The default
+    paged manager keeps such blocks for now: all layers share one table, so a block could go
+    only when every layer slides (Mistral; not Qwen2 past ``max_window_layers`` nor Gemma 3's
+    global layers, which need a table per layer group, as vLLM's hybrid allocator keeps); the
+    manager is not told the windows; and the prefix cache's hash chains need every block of
+    a prefix.
     """
 
     name: str

@@ -6,6 +6,8 @@ from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import torch
 
 
@@ -41,8 +43,21 @@ class Platform(ABC):
         """The torch device models and KV caches live on."""
 
     @abstractmethod
-    def kv_cache_memory_bytes(self) -> int:
-        """Bytes the KV cache may use when the config gives neither a budget nor a block count."""
+    def profile_peak_memory(self, fn: Callable[[], object]) -> int:
+        """Run ``fn`` (the engine's profiling forward) and return the peak extra device memory it used, in bytes.
+
+        A platform that does not measure it may return 0 without running ``fn`` (the CPU does).
+        """
+
+    @abstractmethod
+    def kv_cache_memory_bytes(self, peak_activation_bytes: int, fraction: float | None) -> int:
+        """Bytes the KV cache (every layer, plus the backend's workspace) may use when the config
+        gives neither a budget nor a block count.
+
+        ``peak_activation_bytes`` is what :meth:`profile_peak_memory` measured for a forward at
+        ``max_num_batched_tokens``; ``fraction`` is the config's ``kv_cache_memory_fraction``
+        (None: the platform's default share).
+        """
 
     @abstractmethod
     def synchronize(self) -> None:

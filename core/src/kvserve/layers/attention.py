@@ -5,22 +5,52 @@ from __future__ import annotations
 import torch
 
 from kvserve.forward_context import ForwardContext
+from kvserve.interfaces import LayerAttentionSpec
 
 
 class PagedAttention(torch.nn.Module):
-    """Stateless apart from its layer index; the KV cache lives in the forward context."""
+    """One attention layer's facts (scale, sliding window, soft-cap) and its layer index; the KV
+    cache lives in the forward context. The engine reads the facts of every such module of the
+    model (:func:`attention_layers`) into the backend's spec before the first step."""
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, layer_idx: int) -> None:
+    def __init__(
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        scale: float,
+        layer_idx: int,
+        sliding_window: int | None = None,
+        logits_soft_cap: float | None = None,
+    ) -> None:
         super().__init__()
+        if sliding_window is not None and sliding_window < 1:
+            raise ValueError(f"sliding_window: must be at least 1, got {sliding_window}")
+        if logits_soft_cap is not None and logits_soft_cap <= 0:
+            raise ValueError(f"logits_soft_cap: must be positive, got {logits_soft_cap}")
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
-        self.scale = scale
         self.layer_idx = layer_idx
+        self.spec = LayerAttentionSpec(scale, sliding_window, logits_soft_cap)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """``q``: ``[T, heads, head_dim]``, ``k``/``v``: ``[T, kv_heads, head_dim]`` → ``[T, heads * head_dim]``."""
         kv_cache = ctx.kv_caches[self.layer_idx]
         ctx.backend.write_kv(kv_cache, k, v, ctx.metadata)
-        out = ctx.backend.forward(q, kv_cache, ctx.metadata, self.scale)
+        out = ctx.backend.forward(q, kv_cache, ctx.metadata, self.layer_idx)
         return out.reshape(q.shape[0], self.num_heads * self.head_dim)
+
+
+def attention_layers(model: torch.nn.Module) -> tuple[LayerAttentionSpec, ...]:
+    """One :class:`LayerAttentionSpec` per :class:`PagedAttention` module of ``model``, by layer index.
+
+    Raises ValueError when the layer indices are not exactly ``0 .. n-1`` (each used once).
+    """
+    layers = sorted((m.layer_idx, m.spec) for m in model.modules() if isinstance(m, PagedAttention))
+    indices = [index for index, _ in layers]
+    if indices != list(range(len(indices))):
+        raise ValueError(
+            f"{type(model).__name__}: PagedAttention layer indices must be 0 .. n-1, each once; got {indices}"
+        )
+    return tuple(spec for _, spec in layers)

@@ -60,6 +60,8 @@ def build_batch(
         slot_mapping=torch.cat(slots).to(device) if slots else torch.zeros(0, dtype=torch.int64, device=device),
         query_start_loc_host=starts,
         seq_lens_host=seq_lens,
+        context_lens_host=list(context_lens),
+        block_tables_host=tables.numpy(),
         block_size=block_size,
     )
 
@@ -71,15 +73,20 @@ def causal_attention(
     context_len: int,
     scale: float,
     *,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
     kv_head_of: torch.Tensor | None = None,
     mask_shift: int = 0,
+    window_shift: int = 0,
 ) -> torch.Tensor:
     """float64 attention of ``query`` ``[q, heads, d]`` over ``keys``/``values`` ``[L, kv_heads, d]``.
 
-    Keys sit at positions ``0 .. L-1``; query ``i`` sits at position ``context_len + i`` and
-    sees the keys at positions ``<= context_len + i``. Query head ``h`` reads KV head
-    ``h // (heads // kv_heads)``. ``kv_head_of`` and ``mask_shift`` replace those rules; they
-    exist to recognise plausible bugs in failure messages, not for correct use.
+    Keys sit at positions ``0 .. L-1``; query ``i`` sits at position ``p = context_len + i`` and
+    sees the keys at positions ``j <= p`` (and ``j > p - sliding_window`` when a window is set).
+    Scores are ``q·k * scale``, then ``cap * tanh(score / cap)`` with ``logits_soft_cap``.
+    Query head ``h`` reads KV head ``h // (heads // kv_heads)``. ``kv_head_of``, ``mask_shift``
+    and ``window_shift`` (a window of ``sliding_window + window_shift`` keys) replace those
+    rules; they exist to recognise plausible bugs in failure messages, not for correct use.
     """
     num_heads, num_kv_heads = query.shape[1], keys.shape[1]
     if kv_head_of is None:
@@ -87,10 +94,15 @@ def causal_attention(
     k = keys.double().cpu()[:, kv_head_of]
     v = values.double().cpu()[:, kv_head_of]
     scores = torch.einsum("qhd,khd->hqk", query.double().cpu(), k) * scale
-    query_pos = torch.arange(context_len, context_len + query.shape[0])
-    visible = torch.arange(k.shape[0])[None, :] <= query_pos[:, None] + mask_shift
+    if logits_soft_cap is not None:
+        scores = logits_soft_cap * torch.tanh(scores / logits_soft_cap)
+    query_pos = torch.arange(context_len, context_len + query.shape[0])[:, None]
+    key_pos = torch.arange(k.shape[0])[None, :]
+    visible = key_pos <= query_pos + mask_shift
+    if sliding_window is not None:
+        visible &= key_pos > query_pos - (sliding_window + window_shift)
     probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)
-    # Only a mask_shift < 0 variant can leave a query seeing nothing: it then attends to nothing.
+    # Only a bug variant can leave a query seeing nothing: it then attends to nothing.
     return torch.einsum("hqk,khd->qhd", probs.nan_to_num(0.0), v)
 
 
@@ -169,7 +181,8 @@ def past_batch(case: PagedCase) -> tuple[AttentionBatch, torch.Tensor, torch.Ten
 def reference_attention(case: PagedCase, scale: float, **variant) -> torch.Tensor:
     """float64 ``[num_tokens, heads, d]``: each sequence's queries over its cached plus new K/V.
 
-    ``variant`` is passed to :func:`causal_attention` (to name a bug, see there).
+    ``variant`` is passed to :func:`causal_attention`: a layer's ``sliding_window`` and
+    ``logits_soft_cap``, or the arguments that name a bug (see there).
     """
     batch = case.batch
     out = torch.empty(case.query.shape, dtype=torch.float64)
@@ -188,16 +201,16 @@ class ReferenceAttentionBackend(AttentionBackend):
 
     Not registered as a plugin: the model contract and :class:`~kvserve.testing.paged_model.PagedSequences`
     use it so that model tests do not depend on an attention plugin. Layout ``(2, blocks, block_size,
-    kv_heads, d)``: K then V.
+    kv_heads, d)``: K then V, in ``spec.cache_dtype``.
     """
 
     name = "reference"
     device_types = ("cpu", "cuda")
     supported_dtypes = ("float32", "bfloat16", "float16")
 
-    @classmethod
-    def kv_cache_shape(cls, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
-        return (2, num_blocks, block_size, num_kv_heads, head_dim)
+    def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
+        spec = self.spec
+        return (2, num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)
 
     def build_metadata(self, batch: AttentionBatch) -> AttentionBatch:
         return batch
@@ -206,10 +219,12 @@ class ReferenceAttentionBackend(AttentionBackend):
         self, kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, metadata: AttentionBatch
     ) -> None:
         slots = metadata.slot_mapping
-        kv_cache[0].view(-1, *key.shape[1:])[slots] = key.to(kv_cache.dtype)
-        kv_cache[1].view(-1, *value.shape[1:])[slots] = value.to(kv_cache.dtype)
+        stored = slots >= 0  # -1: a padded token
+        kv_cache[0].view(-1, *key.shape[1:])[slots[stored]] = key[stored].to(kv_cache.dtype)
+        kv_cache[1].view(-1, *value.shape[1:])[slots[stored]] = value[stored].to(kv_cache.dtype)
 
-    def forward(self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionBatch, scale: float):
+    def forward(self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionBatch, layer_idx: int):
+        layer = self.spec.layers[layer_idx]
         batch = metadata
         keys_by_slot = kv_cache[0].flatten(0, 1)
         values_by_slot = kv_cache[1].flatten(0, 1)
@@ -217,9 +232,10 @@ class ReferenceAttentionBackend(AttentionBackend):
         with single_thread():
             for i, seq_len in enumerate(batch.seq_lens_host):
                 start, end = batch.query_start_loc_host[i], batch.query_start_loc_host[i + 1]
-                slots = token_slots(batch.block_tables[i], 0, seq_len, batch.block_size).to(kv_cache.device)
+                slots = token_slots(batch.block_tables_host[i], 0, seq_len, batch.block_size).to(kv_cache.device)
                 attended = causal_attention(
-                    query[start:end], keys_by_slot[slots], values_by_slot[slots], seq_len - (end - start), scale
-                )
+                    query[start:end], keys_by_slot[slots], values_by_slot[slots], seq_len - (end - start),
+                    layer.scale, sliding_window=layer.sliding_window, logits_soft_cap=layer.logits_soft_cap,
+                )  # fmt: skip
                 out[start:end] = attended.to(query.dtype)
         return out

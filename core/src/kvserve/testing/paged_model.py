@@ -6,6 +6,7 @@ import torch
 
 from kvserve.forward_context import ForwardContext
 from kvserve.interfaces import AttentionBackend, AttentionSpec
+from kvserve.layers import attention_layers
 from kvserve.testing.attention_reference import ReferenceAttentionBackend, build_batch
 
 
@@ -28,13 +29,13 @@ class PagedSequences:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
     ):
-        num_layers, num_heads, num_kv_heads, head_dim = model.attention_shape()
+        _, num_heads, num_kv_heads, head_dim = model.attention_shape()
         self.device = torch.device(device)
-        spec = AttentionSpec(num_heads, num_kv_heads, head_dim, dtype, block_size, self.device)
+        layers = attention_layers(model)
+        spec = AttentionSpec(num_heads, num_kv_heads, head_dim, dtype, block_size, self.device, layers)
         self.model = model
         self.backend = backend(spec)
-        shape = backend.kv_cache_shape(num_blocks, block_size, num_kv_heads, head_dim)
-        self.kv_caches = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
+        self.kv_caches = self.backend.allocate_kv_cache(num_blocks)
         self.block_size = block_size
         self.free_blocks = (torch.randperm(num_blocks - 1, generator=torch.Generator().manual_seed(0)) + 1).tolist()
         self.tables: list[list[int]] = [[] for _ in range(num_seqs)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import torch
 
@@ -28,8 +29,12 @@ class FixedBudgetCpuPlatform(Platform):
     def device(self) -> torch.device:
         return torch.device("cpu")
 
-    def kv_cache_memory_bytes(self) -> int:
-        return self.KV_CACHE_BYTES
+    def profile_peak_memory(self, fn: Callable[[], object]) -> int:
+        fn()
+        return 0  # the fixed budget below does not depend on it
+
+    def kv_cache_memory_bytes(self, peak_activation_bytes: int, fraction: float | None) -> int:
+        return self.KV_CACHE_BYTES if fraction is None else int(self.KV_CACHE_BYTES * fraction)
 
     def synchronize(self) -> None:
         """CPU operations are finished when they return."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import psutil
 import torch
@@ -30,8 +31,16 @@ class CpuPlatform(Platform):
     def device(self) -> torch.device:
         return torch.device("cpu")
 
-    def kv_cache_memory_bytes(self) -> int:
-        return int(min(psutil.virtual_memory().available * KV_CACHE_MEMORY_FRACTION, KV_CACHE_MEMORY_CAP))
+    def profile_peak_memory(self, fn: Callable[[], object]) -> int:
+        """0 without running ``fn``: host memory is not measured (the budget is a share of what is
+        free), and a full-budget forward would cost seconds of start-up on a CPU."""
+        return 0
+
+    def kv_cache_memory_bytes(self, peak_activation_bytes: int, fraction: float | None) -> int:
+        """``fraction`` (default 0.25) of available memory less the activation peak, capped at 4 GiB."""
+        share = KV_CACHE_MEMORY_FRACTION if fraction is None else fraction
+        available = psutil.virtual_memory().available - peak_activation_bytes
+        return max(int(min(available * share, KV_CACHE_MEMORY_CAP)), 0)
 
     def synchronize(self) -> None:
         """CPU ops complete before they return."""

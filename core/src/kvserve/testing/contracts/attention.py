@@ -11,7 +11,7 @@ from typing import Any, ClassVar, NamedTuple
 import pytest
 import torch
 
-from kvserve.interfaces import AttentionBackend, AttentionSpec, Platform
+from kvserve.interfaces import AttentionBackend, AttentionSpec, LayerAttentionSpec, Platform
 from kvserve.plugins import get_plugin_manager, load_component
 from kvserve.testing.attention_reference import (
     PagedCase,
@@ -44,6 +44,18 @@ def scenario(name: str, block_size: int) -> list[tuple[int, int]]:
 HEAD_LAYOUTS: dict[str, tuple[int, int]] = {"mha": (4, 4), "gqa": (8, 2), "mqa": (4, 1)}
 """``(query heads, KV heads)``."""
 
+LAYER_KINDS: dict[str, dict[str, Any]] = {
+    "scale": {"scale": 0.3},
+    "window": {"sliding_window": 5},
+    "softcap": {"logits_soft_cap": 1.5},
+    "window-softcap": {"scale": 0.2, "sliding_window": 9, "logits_soft_cap": 3.0},
+}
+"""Layer facts beyond the defaults (scale ``head_dim ** -0.5``, no window, no cap), tried on the
+mixed scenario: windows shorter than its prefills, chunks and decodes, and crossing blocks."""
+
+FEATURE_WORDS: dict[str, tuple[str, ...]] = {"sliding_window": ("window",), "logits_soft_cap": ("soft", "cap")}
+"""What a refusal of a layer feature must mention; the scale cannot be refused."""
+
 
 class AttentionCase(NamedTuple):
     """One configuration of the reference comparison; its ``str`` is the test id."""
@@ -56,6 +68,23 @@ class AttentionCase(NamedTuple):
 
     def __str__(self) -> str:
         return f"{self.scenario}-{self.layout}-d{self.head_dim}-bs{self.block_size}-{self.dtype}"
+
+
+class LayerKindCase(NamedTuple):
+    """A :data:`LAYER_KINDS` entry on the mixed GQA scenario; its ``str`` is the test id."""
+
+    kind: str
+    head_dim: int
+    block_size: int
+    dtype: str
+
+    def __str__(self) -> str:
+        return f"{self.kind}-mixed-gqa-d{self.head_dim}-bs{self.block_size}-{self.dtype}"
+
+
+def layer_spec(head_dim: int, **facts: Any) -> LayerAttentionSpec:
+    """A layer with the default scale ``head_dim ** -0.5`` unless ``facts`` say otherwise."""
+    return LayerAttentionSpec(**{"scale": head_dim**-0.5, **facts})
 
 
 class _NowherePlatform(Platform):
@@ -75,7 +104,10 @@ class _NowherePlatform(Platform):
     def device(self) -> torch.device:
         return torch.device("cpu")
 
-    def kv_cache_memory_bytes(self) -> int:
+    def profile_peak_memory(self, fn) -> int:
+        return 0
+
+    def kv_cache_memory_bytes(self, peak_activation_bytes: int, fraction: float | None) -> int:
         return 0
 
     def synchronize(self) -> None:
@@ -103,18 +135,25 @@ class AttentionBackendContract(ComponentContract):
       ``unsupported_reasons`` is skipped with those reasons. On a mismatch the message names
       the sequences that differ (prefill, chunked prefill or decode) and, when the output
       matches a known bug (causal mask off by one, no causal mask, GQA head mapping, cached
-      tokens ignored, scale ignored), that bug;
+      tokens ignored, scale ignored, sliding window ignored or off by one, soft-cap ignored),
+      that bug;
+    - the per-layer facts of :data:`LAYER_KINDS` (a non-default scale, sliding windows,
+      logit soft-caps) are applied as the reference applies them, or a window / soft-cap is
+      refused with a reason naming it; layers of different kinds share one metadata;
     - sequences span several blocks whatever the block size (:func:`scenario` scales with it);
-      ``query``/``key``/``value`` may be strided views of one fused qkv tensor; the softmax scale
-      is the caller's; block ids may be the last of a large pool; one batch may hold 64
-      sequences of very different lengths;
+      ``query``/``key``/``value`` may be strided views of one fused qkv tensor; block ids may be
+      the last of a large pool; one batch may hold 64 sequences of very different lengths;
     - ``forward`` leaves the cache unchanged; one ``build_metadata`` result serves every layer;
-    - ``write_kv`` changes exactly the K and V rows of the ``slot_mapping`` slots, and each
-      token's K/V lands in its own slot (for caches whose layout :meth:`kv_slots` can read);
+    - ``write_kv`` changes exactly the K and V rows of the ``slot_mapping`` slots, skips tokens
+      whose slot is -1, and each token's K/V lands in its own slot (for caches whose layout
+      :meth:`kv_slots` can read);
     - ``unsupported_reasons`` returns readable reasons naming what is refused (a dtype, a
       platform, a block size, a head count) and ``[]`` for what is served; a head size in
       :attr:`probe_head_sizes` is either refused with a reason naming it or computed correctly;
-    - class facts are consistent (registry name, device types, dtypes, block sizes, cache shape).
+    - class facts are consistent (registry name, device types, dtypes, block sizes); the cache
+      layout too (``kv_cache_shape`` holds K and V of every slot, ``kv_cache_bytes_per_block``
+      counts at least that, ``allocate_kv_cache`` gives one cache per layer, ``copy_blocks``
+      copies whole blocks and nothing else).
 
     Tests run on the first installed, available platform whose device type the backend
     supports (or :attr:`platform_name`); without one they are skipped with the reason. A Triton
@@ -184,6 +223,14 @@ class AttentionBackendContract(ComponentContract):
             block_sizes = self.block_sizes(type(self).load_component())
         except Exception:  # the component fixture reports why the backend cannot be loaded
             block_sizes = [16]
+        if "kind_case" in metafunc.fixturenames:
+            kind_cases = [
+                LayerKindCase(kind, self.head_sizes[0], block_size, dtype)
+                for kind in LAYER_KINDS
+                for block_size in block_sizes
+                for dtype in self.dtypes
+            ]
+            metafunc.parametrize("kind_case", kind_cases, ids=str)
         if "case" in metafunc.fixturenames:
             cases = [
                 AttentionCase(scenario, layout, head_dim, block_size, dtype)
@@ -221,15 +268,41 @@ class AttentionBackendContract(ComponentContract):
             f"(it runs on {', '.join(component.device_types)}; installed: {'; '.join(tried) or 'none'})"
         )
 
-    def spec(self, platform: Platform, layout: tuple[int, int], head_dim: int, dtype: str, block_size: int):
-        """The AttentionSpec of a configuration on ``platform``'s device (``layout``: query and KV heads)."""
-        return AttentionSpec(layout[0], layout[1], head_dim, getattr(torch, dtype), block_size, platform.device())
+    def spec(
+        self,
+        platform: Platform,
+        layout: tuple[int, int],
+        head_dim: int,
+        dtype: str,
+        block_size: int,
+        layers: tuple[LayerAttentionSpec, ...] | None = None,
+    ) -> AttentionSpec:
+        """The AttentionSpec of a configuration on ``platform``'s device (``layout``: query and KV
+        heads); ``layers`` default to one layer of default facts."""
+        layers = layers or (layer_spec(head_dim),)
+        return AttentionSpec(
+            layout[0], layout[1], head_dim, getattr(torch, dtype), block_size, platform.device(), layers
+        )
 
     def require_served(self, component, spec: AttentionSpec, platform: Platform) -> None:
         """Skip the test, with the backend's reasons, if it refuses ``spec``."""
         reasons = component.unsupported_reasons(spec, platform)
         if reasons:
             pytest.skip(f"backend refuses this configuration: {'; '.join(reasons)}")
+
+    def require_served_or_named(self, component, spec: AttentionSpec, platform: Platform, facts: dict) -> None:
+        """Skip the test if the backend refuses ``spec``, whose layers use ``facts``, with a reason
+        naming one of them (a window, a soft-cap); fail if it refuses without naming any."""
+        reasons = component.unsupported_reasons(spec, platform)
+        if not reasons:
+            return
+        words = [word for fact in facts for word in FEATURE_WORDS.get(fact, ())]
+        if not any(word in reason.lower() for reason in reasons for word in words):
+            violation(
+                f"unsupported_reasons refuses layers with {facts} without naming what it lacks "
+                f"(every backend applies the spec's scale): {reasons!r}"
+            )
+        pytest.skip(f"backend refuses these layer facts: {'; '.join(reasons)}")
 
     def run_case(
         self,
@@ -238,28 +311,25 @@ class AttentionBackendContract(ComponentContract):
         spec: AttentionSpec,
         seqs,
         seed: int,
-        num_layers: int = 1,
         *,
-        scale: float | None = None,
         num_blocks: int | None = None,
         transform: Callable[[PagedCase], PagedCase] | None = None,
     ):
         """Write the cached and new K/V of a random case through the backend and run ``forward``.
 
-        Returns ``(cases, outputs)``, one per layer; all layers share one ``build_metadata``.
-        ``scale`` is the softmax scale (default ``head_dim ** -0.5``); ``num_blocks`` the cache's
-        block count (default: twice what the case needs); ``transform`` rewrites each random case
-        before it is used (e.g. :func:`fused_qkv_views`, :func:`at_end_of_pool`).
+        Returns ``(cases, outputs)``, one per layer of ``spec``; all layers share one ``build_metadata``.
+        ``num_blocks`` is the cache's block count (default: twice what the case needs);
+        ``transform`` rewrites each random case before it is used (e.g. :func:`fused_qkv_views`,
+        :func:`at_end_of_pool`).
         """
         device = spec.device
         blocks_needed = sum(-(-(c + q) // spec.block_size) for c, q in seqs)
         case_blocks = 2 * blocks_needed + 2  # half the blocks stay unused, filled with garbage
         num_blocks = num_blocks or case_blocks
-        scale = spec.head_dim**-0.5 if scale is None else scale
         backend = component(spec)
-        shape = component.kv_cache_shape(num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)
+        shape = backend.kv_cache_shape(num_blocks)
         cases, caches = [], []
-        for layer in range(num_layers):
+        for layer in range(spec.num_layers):
             case = make_paged_case(
                 seqs, spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.block_size, case_blocks,
                 spec.dtype, seed=seed * 7 + layer, device=device,
@@ -277,10 +347,10 @@ class AttentionBackendContract(ComponentContract):
             caches.append(cache)
         metadata = backend.build_metadata(cases[0].batch)
         outputs = []
-        for case, cache in zip(cases, caches):
+        for layer, (case, cache) in enumerate(zip(cases, caches)):
             backend.write_kv(cache, case.key, case.value, metadata)
             before = cache.clone()
-            out = backend.forward(case.query, cache, metadata, scale)
+            out = backend.forward(case.query, cache, metadata, layer)
             if not torch.equal(cache, before):
                 violation("forward() modified the KV cache; only write_kv may store K/V")
             expected_shape = (case.batch.num_tokens, spec.num_heads, spec.head_dim)
@@ -294,18 +364,18 @@ class AttentionBackendContract(ComponentContract):
         return cases, outputs
 
     def check_against_reference(
-        self, case: PagedCase, out: torch.Tensor, spec: AttentionSpec, what: str, scale: float | None = None
+        self, case: PagedCase, out: torch.Tensor, spec: AttentionSpec, what: str, layer_idx: int = 0
     ) -> None:
         """Fail, naming the sequences that differ and the bug that explains them if known."""
         dtype = str(spec.dtype).removeprefix("torch.")
         atol, rtol = self.tolerances[dtype]
-        scale = spec.head_dim**-0.5 if scale is None else scale
+        layer = spec.layers[layer_idx]
         got = out.detach().double().cpu()
-        expected = reference_attention(case, scale)
+        expected = reference_attention(case, layer.scale, **_facts(layer))
         bad = _differing_sequences(case, got, expected, atol, rtol)
         if not bad:
             return
-        suspect = _diagnose(case, got, scale, atol, rtol)
+        suspect = _diagnose(case, got, layer, atol, rtol)
         violation(
             f"{what}: attention output differs from the float64 reference (atol {atol}, rtol {rtol}) "
             f"for {len(bad)} of {case.batch.num_seqs} sequences: {'; '.join(bad)}."
@@ -314,8 +384,7 @@ class AttentionBackendContract(ComponentContract):
 
     # -- tests -----------------------------------------------------------------------------
     def test_class_facts_are_consistent(self, component):
-        """Device types, dtypes and block sizes are well formed; ``kv_cache_shape`` holds exactly
-        K and V of every slot (the engine sizes the cache from it)."""
+        """Device types, dtypes, head sizes and block sizes are well formed."""
         assert component.device_types and all(isinstance(d, str) for d in component.device_types), (
             f"device_types must name torch device types, got {component.device_types!r}"
         )
@@ -323,18 +392,82 @@ class AttentionBackendContract(ComponentContract):
             assert isinstance(getattr(torch, dtype, None), torch.dtype), (
                 f"supported_dtypes entry {dtype!r} is not a torch dtype name"
             )
+        sizes = component.supported_head_sizes
+        assert sizes is None or (sizes and all(isinstance(n, int) and n > 0 for n in sizes)), (
+            f"supported_head_sizes must be None (any) or a tuple of positive ints, got {sizes!r}"
+        )
         multiple, default = component.block_size_multiple, component.default_block_size
         assert multiple >= 1 and default >= 1 and default % multiple == 0, (
             f"default_block_size {default} must be a positive multiple of block_size_multiple {multiple}"
         )
-        for num_blocks, block_size, heads, head_dim in [(7, default, 2, 64), (1, default, 8, 128)]:
-            shape = component.kv_cache_shape(num_blocks, block_size, heads, head_dim)
+
+    def test_kv_cache_layout_is_consistent(self, component, target_platform):
+        """``kv_cache_shape`` holds exactly K and V of every slot, ``kv_cache_bytes_per_block``
+        counts at least that (the engine sizes the pool from it), ``workspace_bytes`` is a
+        size, ``allocate_kv_cache`` gives one cache per layer and ``copy_blocks`` copies whole
+        blocks in every layer and nothing else."""
+        dtype = next((d for d in self.dtypes if d in component.supported_dtypes), self.dtypes[0])
+        head_dim = self.head_sizes[0]
+        layers = (layer_spec(head_dim),) * 2
+        spec = self.spec(target_platform, (6, 3), head_dim, dtype, component.default_block_size, layers)
+        self.require_served(component, spec, target_platform)
+        backend = component(spec)
+        for num_blocks in (7, 1):
+            shape = backend.kv_cache_shape(num_blocks)
             assert all(isinstance(n, int) for n in shape), f"kv_cache_shape returned {shape!r}, not ints"
-            size = 2 * num_blocks * block_size * heads * head_dim
+            size = 2 * num_blocks * spec.block_size * spec.num_kv_heads * head_dim
             assert torch.Size(shape).numel() == size, (
-                f"kv_cache_shape({num_blocks}, {block_size}, {heads}, {head_dim}) = {shape} holds "
-                f"{torch.Size(shape).numel()} elements; K and V of every slot are {size}"
+                f"kv_cache_shape({num_blocks}) = {shape} holds {torch.Size(shape).numel()} elements; "
+                f"K and V of every slot are {size}"
             )
+        per_block = backend.kv_cache_bytes_per_block()
+        least = torch.Size(backend.kv_cache_shape(1)).numel() * spec.cache_dtype.itemsize
+        assert isinstance(per_block, int) and per_block >= least, (
+            f"kv_cache_bytes_per_block() = {per_block!r}; one block of kv_cache_shape in {spec.cache_dtype} "
+            f"takes {least} bytes"
+        )
+        workspace = backend.workspace_bytes()
+        assert isinstance(workspace, int) and workspace >= 0, f"workspace_bytes() = {workspace!r}, not a size"
+
+        num_blocks = 5
+        caches = backend.allocate_kv_cache(num_blocks)
+        assert len(caches) == spec.num_layers, (
+            f"allocate_kv_cache gave {len(caches)} caches for a spec of {spec.num_layers} layers"
+        )
+        batch = build_batch([[1, 2, 3, 4]], [0], [4 * spec.block_size], spec.block_size, spec.device)
+        gen = torch.Generator().manual_seed(11)
+        for cache in caches:  # blocks 1-4 hold distinct K/V, block 0 keeps what allocation left
+            key, value = torch.randn(2, batch.num_tokens, spec.num_kv_heads, head_dim, generator=gen)
+            backend.write_kv(cache, key.to(spec.dtype).to(spec.device), value.to(spec.dtype).to(spec.device),
+                             backend.build_metadata(batch))  # fmt: skip
+        before = [self.kv_slots(c, num_blocks, spec.block_size, spec.num_kv_heads, head_dim) for c in caches]
+        device = spec.device
+        src, dst = torch.tensor([1, 3], device=device), torch.tensor([4, 2], device=device)
+        backend.copy_blocks(caches, src, dst)
+        target_platform.synchronize()
+        bs = spec.block_size
+        for layer, (cache, old) in enumerate(zip(caches, before)):
+            new = self.kv_slots(cache, num_blocks, bs, spec.num_kv_heads, head_dim)
+            if new is None or old is None:
+                warnings.warn(
+                    f"kv cache layout {tuple(cache.shape)} not understood: override kv_slots() in "
+                    f"{type(self).__name__} to check copy_blocks",
+                    pytest.PytestWarning,
+                    stacklevel=1,
+                )
+                return
+            for which, was, now in zip(("key", "value"), old, new):
+                was, now = was.cpu(), now.cpu()
+                expected = was.clone()
+                expected[4 * bs : 5 * bs], expected[2 * bs : 3 * bs] = was[1 * bs : 2 * bs], was[3 * bs : 4 * bs]
+                if not torch.equal(now, expected):
+                    wrong = sorted(
+                        {slot // bs for slot in (now != expected).any(-1).any(-1).nonzero().flatten().tolist()}
+                    )
+                    violation(
+                        f"copy_blocks(src=[1, 3], dst=[4, 2]) left the {which}s of layer {layer} wrong in blocks "
+                        f"{wrong}: block 4 must become a copy of block 1, block 2 of block 3, the rest unchanged"
+                    )
 
     def test_matches_reference(self, component, target_platform, case: AttentionCase):
         """``write_kv`` then ``forward`` on a random paged batch equals the float64 reference."""
@@ -346,20 +479,57 @@ class AttentionBackendContract(ComponentContract):
         )
         self.check_against_reference(paged_case, out, spec, str(case))
 
+    def test_layer_facts_match_reference(self, component, target_platform, kind_case: LayerKindCase):
+        """A layer's scale, sliding window and soft-cap (:data:`LAYER_KINDS`) are applied as the
+        reference applies them; a window or soft-cap may instead be refused, with a reason naming it."""
+        facts = LAYER_KINDS[kind_case.kind]
+        head_dim, dtype, block_size = kind_case.head_dim, kind_case.dtype, kind_case.block_size
+        plain = self.spec(target_platform, HEAD_LAYOUTS["gqa"], head_dim, dtype, block_size)
+        self.require_served(component, plain, target_platform)
+        spec = dataclasses.replace(plain, layers=(layer_spec(head_dim, **facts),))
+        self.require_served_or_named(component, spec, target_platform, facts)
+        seed = sum(map(ord, str(kind_case)))
+        (paged_case,), (out,) = self.run_case(component, target_platform, spec, scenario("mixed", block_size), seed)
+        self.check_against_reference(paged_case, out, spec, str(kind_case))
+
     def test_one_metadata_serves_every_layer(self, component, target_platform):
         """``build_metadata`` runs once per step; its result must work for every layer's cache."""
         block_size = component.default_block_size
-        spec = self.spec(target_platform, HEAD_LAYOUTS["gqa"], self.head_sizes[0], self.dtypes[0], block_size)
+        head_dim = self.head_sizes[0]
+        layers = (layer_spec(head_dim),) * 3
+        spec = self.spec(target_platform, HEAD_LAYOUTS["gqa"], head_dim, self.dtypes[0], block_size, layers)
         self.require_served(component, spec, target_platform)
-        cases, outputs = self.run_case(
-            component, target_platform, spec, scenario("mixed", block_size), seed=3, num_layers=3
-        )
+        cases, outputs = self.run_case(component, target_platform, spec, scenario("mixed", block_size), seed=3)
         for layer, (case, out) in enumerate(zip(cases, outputs)):
-            self.check_against_reference(case, out, spec, f"layer {layer} of 3 sharing one metadata")
+            self.check_against_reference(case, out, spec, f"layer {layer} of 3 sharing one metadata", layer)
+
+    def test_layers_of_different_kinds_share_one_metadata(self, component, target_platform):
+        """Sliding and full layers interleaved (Gemma 3, Qwen2 with ``max_window_layers``), one
+        metadata per step: each layer is computed with its own facts."""
+        head_dim = self.head_sizes[0]
+        local, full = layer_spec(head_dim, sliding_window=6), layer_spec(head_dim, scale=0.25)
+        layers = (local, full, local)
+        spec = self.spec(
+            target_platform, HEAD_LAYOUTS["gqa"], head_dim, self.dtypes[0], component.default_block_size, layers
+        )
+        self.require_served(component, dataclasses.replace(spec, layers=(full,)), target_platform)
+        self.require_served_or_named(component, spec, target_platform, {"sliding_window": 6})
+        cases, outputs = self.run_case(component, target_platform, spec, scenario("mixed", spec.block_size), seed=4)
+        for layer, (case, out) in enumerate(zip(cases, outputs)):
+            self.check_against_reference(case, out, spec, f"layer {layer} ({spec.layers[layer]}) of 3", layer)
 
     def test_write_kv_stores_exactly_the_slot_mapping(self, component, target_platform, dtype):
         """``write_kv`` changes the K and V rows of the ``slot_mapping`` slots and nothing else,
         and each token's K/V lands in its own slot."""
+        self.check_write_kv(component, target_platform, dtype, padded=False)
+
+    def test_write_kv_skips_padded_tokens(self, component, target_platform):
+        """Tokens whose slot is -1 (padding, e.g. up to a captured CUDA graph's size) are not stored anywhere."""
+        dtype = next((d for d in self.dtypes if d in component.supported_dtypes), self.dtypes[0])
+        self.check_write_kv(component, target_platform, dtype, padded=True)
+
+    def check_write_kv(self, component, target_platform, dtype: str, padded: bool) -> None:
+        """Write a mixed batch (every third token's slot -1 when ``padded``) and compare the cache, slot by slot."""
         block_size = component.default_block_size
         num_blocks = 41 if block_size == 37 else 37
         kv_heads = next(h for h in (3, 5, 6, 7) if h not in (2, num_blocks, block_size, self.head_sizes[0]))
@@ -369,19 +539,25 @@ class AttentionBackendContract(ComponentContract):
             scenario("mixed", block_size), spec.num_heads, kv_heads, spec.head_dim, block_size, num_blocks, spec.dtype,
             seed=5, device=spec.device,
         )  # fmt: skip
+        batch = case.batch
+        if padded:
+            slot_mapping = batch.slot_mapping.clone()
+            slot_mapping[::3] = -1
+            batch = dataclasses.replace(batch, slot_mapping=slot_mapping)
         backend = component(spec)
-        cache = garbage_cache(
-            component.kv_cache_shape(num_blocks, block_size, kv_heads, spec.head_dim), spec.dtype, spec.device, 5
-        )
+        cache = garbage_cache(backend.kv_cache_shape(num_blocks), spec.dtype, spec.device, 5)
         before = cache.clone()
-        backend.write_kv(cache, case.key, case.value, backend.build_metadata(case.batch))
+        backend.write_kv(cache, case.key, case.value, backend.build_metadata(batch))
         target_platform.synchronize()
-        num_tokens = case.batch.num_tokens
+        slot_mapping = batch.slot_mapping.cpu().tolist()
+        stored_tokens = [t for t, slot in enumerate(slot_mapping) if slot >= 0]
         changed = int((cache != before).sum())
-        expected = num_tokens * 2 * kv_heads * spec.head_dim
+        expected = len(stored_tokens) * 2 * kv_heads * spec.head_dim
+        what = f"{len(stored_tokens)} tokens in their slot_mapping slots" + (
+            f" ({len(slot_mapping) - len(stored_tokens)} padded tokens with slot -1 stored nowhere)" if padded else ""
+        )
         assert changed == expected, (
-            f"write_kv changed {changed} cache elements; storing K and V of {num_tokens} tokens in their "
-            f"slot_mapping slots changes exactly {expected}"
+            f"write_kv changed {changed} cache elements; storing K and V of {what} changes exactly {expected}"
             + (" (it wrote outside those slots)" if changed > expected else " (some K/V rows were not written)")
         )
         slots = self.kv_slots(cache, num_blocks, block_size, kv_heads, spec.head_dim)
@@ -394,13 +570,13 @@ class AttentionBackendContract(ComponentContract):
             )
             return
         old_slots = self.kv_slots(before, num_blocks, block_size, kv_heads, spec.head_dim)
-        slot_mapping = case.batch.slot_mapping.cpu().tolist()
         for which, stored, new, old in [
             ("key", slots[0], case.key, old_slots[0]),
             ("value", slots[1], case.value, old_slots[1]),
         ]:
             stored, new = stored.cpu(), new.to(spec.dtype).cpu()
-            for token, slot in enumerate(slot_mapping):
+            for token in stored_tokens:
+                slot = slot_mapping[token]
                 if not torch.equal(stored[slot], new[token]):
                     found = [s for s in range(stored.shape[0]) if torch.equal(stored[s], new[token])]
                     violation(
@@ -408,9 +584,10 @@ class AttentionBackendContract(ComponentContract):
                         f"{slot} (block {slot // block_size}, offset {slot % block_size}) given by slot_mapping"
                     )
             untouched = torch.ones(stored.shape[0], dtype=torch.bool)
-            untouched[slot_mapping] = False
+            untouched[[slot_mapping[t] for t in stored_tokens]] = False
             assert torch.equal(stored[untouched], old[untouched].cpu()), (
                 f"write_kv changed the {which} of slots outside slot_mapping"
+                + (" (a token with slot -1 must not be stored)" if padded else "")
             )
 
     def test_unsupported_reasons_name_what_is_refused(self, component, target_platform):
@@ -465,17 +642,6 @@ class AttentionBackendContract(ComponentContract):
         (case,), (out,) = self.run_case(component, target_platform, spec, seqs, seed=11, transform=fused_qkv_views)
         assert not case.query.is_contiguous() and not case.key.is_contiguous()
         self.check_against_reference(case, out, spec, "q/k/v as strided views of a fused qkv tensor")
-
-    def test_non_default_scale(self, component, target_platform):
-        """The softmax scale is the caller's, not ``head_dim ** -0.5`` (models scale differently)."""
-        spec = self.spec(
-            target_platform, HEAD_LAYOUTS["gqa"], self.head_sizes[0], self.dtypes[0], component.default_block_size
-        )
-        self.require_served(component, spec, target_platform)
-        seqs = scenario("mixed", spec.block_size)
-        for scale in (0.3, 1.0 / 29):
-            (case,), (out,) = self.run_case(component, target_platform, spec, seqs, seed=12, scale=scale)
-            self.check_against_reference(case, out, spec, f"softmax scale {scale:.4g}", scale=scale)
 
     def test_block_ids_near_the_end_of_a_large_pool(self, component, target_platform):
         """Block tables holding the last ids of a large pool (slot offsets past 2**23 elements)."""
@@ -600,20 +766,26 @@ def _differing_sequences(case: PagedCase, got: torch.Tensor, expected: torch.Ten
     return bad
 
 
-def _diagnose(case: PagedCase, got: torch.Tensor, scale: float, atol: float, rtol: float) -> str | None:
+def _facts(layer: LayerAttentionSpec) -> dict[str, Any]:
+    """The reference's keyword arguments for ``layer``'s window and soft-cap."""
+    return {"sliding_window": layer.sliding_window, "logits_soft_cap": layer.logits_soft_cap}
+
+
+def _diagnose(case: PagedCase, got: torch.Tensor, layer: LayerAttentionSpec, atol: float, rtol: float) -> str | None:
     """A sentence naming the known bug that explains ``got``, if any."""
     if got.abs().max() > GARBAGE / 2:  # outputs average values: only garbage gets this large
         return (
             f"Values of never-written cache slots (garbage around {GARBAGE}) reach the output: K/V are "
             "written to or read from slots other than those of slot_mapping and the block tables"
         )
-    num_heads, num_kv_heads = case.query.shape[1], case.key.shape[1]
+    num_heads, num_kv_heads, head_dim = case.query.shape[1], case.key.shape[1], case.query.shape[2]
     no_cache = dataclasses.replace(
         case,
         batch=dataclasses.replace(case.batch, seq_lens_host=list(case.batch.query_lens_host)),
         past_keys=[k[:0] for k in case.past_keys],
         past_values=[v[:0] for v in case.past_values],
     )
+    scale = layer.scale
     suspects: list[tuple[str, PagedCase, float, dict[str, Any]]] = [
         ("the causal mask is off by one: each query also sees the next token", case, scale, {"mask_shift": 1}),
         ("the causal mask is off by one: each query misses its own token", case, scale, {"mask_shift": -1}),
@@ -621,6 +793,20 @@ def _diagnose(case: PagedCase, got: torch.Tensor, scale: float, atol: float, rto
         ("the softmax scale is ignored (1.0 is used)", case, 1.0, {}),
         ("cached tokens are ignored: queries attend only to this step's tokens", no_cache, scale, {}),
     ]
+    if scale != head_dim**-0.5:
+        suspects.append(("the layer's scale is ignored (head_dim ** -0.5 is used)", case, head_dim**-0.5, {}))
+    if layer.sliding_window is not None:
+        suspects += [
+            ("the sliding window is ignored: queries see every earlier key", case, scale, {"sliding_window": None}),
+            (
+                "the sliding window is off by one: each query also sees the key sliding_window positions back",
+                case, scale, {"window_shift": 1},
+            ),
+            ("the sliding window is off by one: each query misses the oldest key of its window", case, scale,
+             {"window_shift": -1}),
+        ]  # fmt: skip
+    if layer.logits_soft_cap is not None:
+        suspects.append(("the logits soft-cap is ignored", case, scale, {"logits_soft_cap": None}))
     if 1 < num_kv_heads < num_heads:
         suspects.append(
             (
@@ -631,7 +817,7 @@ def _diagnose(case: PagedCase, got: torch.Tensor, scale: float, atol: float, rto
             )
         )
     for description, suspect_case, suspect_scale, variant in suspects:
-        expected = reference_attention(suspect_case, suspect_scale, **variant)
+        expected = reference_attention(suspect_case, suspect_scale, **{**_facts(layer), **variant})
         if torch.allclose(got, expected, atol=atol, rtol=rtol):
             return f"The output matches a reference in which {description}"
     return None

@@ -82,8 +82,8 @@ class PlatformContract(ComponentContract):
 
     def test_kv_cache_memory_budget_is_positive(self, instance):
         """Without a configured budget the engine sizes the KV cache from this: a positive number of bytes."""
-        budget = instance.kv_cache_memory_bytes()
-        assert isinstance(budget, int) and budget > 0, f"kv_cache_memory_bytes() returned {budget!r}"
+        budget = instance.kv_cache_memory_bytes(0, None)
+        assert isinstance(budget, int) and budget > 0, f"kv_cache_memory_bytes(0, None) returned {budget!r}"
 
     def test_distributed_backend_is_available(self, component, instance):
         """The named torch.distributed backend exists in this torch build."""

@@ -1,5 +1,9 @@
 """Paged attention in plain PyTorch: gathers each sequence's KV through its block table and
-runs ``scaled_dot_product_attention``. Decodes are batched together; prefills run per sequence."""
+runs ``scaled_dot_product_attention``. Decodes are batched together; prefills run per sequence.
+
+Sliding windows are masks; layers with a logit soft-cap compute their scores explicitly
+(``scaled_dot_product_attention`` has no hook between the scores and the softmax).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kvserve.interfaces import AttentionBackend, AttentionBatch
+from kvserve.interfaces import AttentionBackend, AttentionBatch, AttentionSpec, LayerAttentionSpec, Platform
 
 
 @dataclass
@@ -18,8 +22,12 @@ class CpuAttentionMetadata:
     """Sequences with one new token, attended in a single padded call."""
     prefill_seqs: list[int]
     decode_token_index: torch.Tensor
-    decode_key_mask: torch.Tensor | None
-    """bool ``[num_decodes, 1, 1, max_decode_len]``: True where a key position is inside the sequence."""
+    decode_masks: dict[LayerAttentionSpec, torch.Tensor]
+    """Per layer kind, bool ``[num_decodes, 1, 1, max_decode_len]``: True where a key is visible."""
+    prefill_masks: dict[tuple[int, LayerAttentionSpec], torch.Tensor | None]
+    """Per (prefill sequence, layer kind), bool ``[query_len, seq_len]``; None: plain causal over the whole sequence."""
+    write_index: torch.Tensor | None
+    """Tokens that have a cache slot (slot -1 is padding); None: every token."""
 
 
 class CpuAttentionBackend(AttentionBackend):
@@ -31,43 +39,89 @@ class CpuAttentionBackend(AttentionBackend):
     default_block_size = 16
 
     @classmethod
-    def kv_cache_shape(cls, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
-        return (2, num_blocks, block_size, num_kv_heads, head_dim)
+    def unsupported_reasons(cls, spec: AttentionSpec, platform: Platform) -> list[str]:
+        reasons = super().unsupported_reasons(spec, platform)
+        if spec.cache_dtype != spec.dtype:
+            cache_dtype = str(spec.cache_dtype).removeprefix("torch.")
+            reasons.append(f"kv_cache_dtype {cache_dtype} not supported (K/V are stored in the model dtype)")
+        return reasons
+
+    def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
+        spec = self.spec
+        return (2, num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)
 
     def build_metadata(self, batch: AttentionBatch) -> CpuAttentionMetadata:
+        device = self.spec.device
+        kinds = self.spec.layer_kinds
         decodes = [i for i, n in enumerate(batch.query_lens_host) if n == 1]
         prefills = [i for i, n in enumerate(batch.query_lens_host) if n != 1]
-        mask = None
+        decode_masks = {}
         if decodes:
-            lens = torch.tensor([batch.seq_lens_host[i] for i in decodes])
-            max_len = int(lens.max())
-            mask = (torch.arange(max_len)[None, :] < lens[:, None])[:, None, None, :]
-        index = torch.tensor([batch.query_start_loc_host[i] for i in decodes], dtype=torch.long)
-        return CpuAttentionMetadata(batch, decodes, prefills, index, mask)
+            lens = torch.tensor([batch.seq_lens_host[i] for i in decodes], device=device)
+            max_len = max(batch.seq_lens_host[i] for i in decodes)  # from the host copy: no device sync
+            key_pos = torch.arange(max_len, device=device)[None, :]
+            for kind in kinds:
+                decode_masks[kind] = self._visible(lens[:, None] - 1, key_pos, kind.sliding_window)[:, None, None, :]
+        prefill_masks = {
+            (i, kind): self._prefill_mask(batch.seq_lens_host[i], batch.query_lens_host[i], kind)
+            for i in prefills
+            for kind in kinds
+        }
+        index = torch.tensor([batch.query_start_loc_host[i] for i in decodes], dtype=torch.long, device=device)
+        padded = batch.slot_mapping < 0  # read on the host: free on the CPU, the only device this runs on
+        write_index = (~padded).nonzero().squeeze(1) if bool(padded.any()) else None
+        return CpuAttentionMetadata(batch, decodes, prefills, index, decode_masks, prefill_masks, write_index)
 
     def write_kv(self, kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, metadata) -> None:
         slots = metadata.batch.slot_mapping
+        if metadata.write_index is not None:
+            slots, key, value = slots[metadata.write_index], key[metadata.write_index], value[metadata.write_index]
         kv_cache[0].view(-1, *key.shape[1:])[slots] = key
         kv_cache[1].view(-1, *value.shape[1:])[slots] = value
 
-    def forward(self, query: torch.Tensor, kv_cache: torch.Tensor, metadata, scale: float) -> torch.Tensor:
+    def forward(self, query: torch.Tensor, kv_cache: torch.Tensor, metadata, layer_idx: int) -> torch.Tensor:
+        layer = self.spec.layers[layer_idx]
         batch = metadata.batch
         out = torch.empty_like(query)
-        gqa = self.spec.num_heads != self.spec.num_kv_heads
         if metadata.decode_seqs:
-            max_len = metadata.decode_key_mask.shape[-1]
-            keys, values = self._gather(kv_cache, batch, metadata.decode_seqs, max_len)
+            mask = metadata.decode_masks[layer]
+            keys, values = self._gather(kv_cache, batch, metadata.decode_seqs, mask.shape[-1])
             q = query[metadata.decode_token_index].unsqueeze(2)  # [n, heads, 1, d]
-            attn = F.scaled_dot_product_attention(
-                q, keys, values, attn_mask=metadata.decode_key_mask, scale=scale, enable_gqa=gqa
-            )
-            out[metadata.decode_token_index] = attn.squeeze(2)
+            out[metadata.decode_token_index] = self._attend(q, keys, values, mask, layer).squeeze(2)
         for i in metadata.prefill_seqs:
             start, end = batch.query_start_loc_host[i], batch.query_start_loc_host[i + 1]
             keys, values = self._gather(kv_cache, batch, [i], batch.seq_lens_host[i])
             q = query[start:end].transpose(0, 1).unsqueeze(0)  # [1, heads, q, d]
-            out[start:end] = self._causal(q, keys, values, batch.seq_lens_host[i], scale, gqa)[0].transpose(0, 1)
+            attended = self._attend(q, keys, values, metadata.prefill_masks[(i, layer)], layer)
+            out[start:end] = attended[0].transpose(0, 1)
         return out
+
+    def _attend(self, q, keys, values, mask: torch.Tensor | None, layer: LayerAttentionSpec) -> torch.Tensor:
+        """``q`` ``[n, heads, q, d]`` over ``keys``/``values`` ``[n, kv_heads, L, d]`` where ``mask``
+        (broadcast to ``[n, heads, q, L]``) is True; None: causal with ``q == L``."""
+        gqa = self.spec.num_heads != self.spec.num_kv_heads
+        if layer.logits_soft_cap is not None:
+            return soft_capped_attention(q, keys, values, mask, layer.scale, layer.logits_soft_cap)
+        if mask is None:
+            return F.scaled_dot_product_attention(q, keys, values, is_causal=True, scale=layer.scale, enable_gqa=gqa)
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=layer.scale, enable_gqa=gqa)
+
+    def _prefill_mask(self, seq_len: int, q_len: int, layer: LayerAttentionSpec) -> torch.Tensor | None:
+        """Visibility ``[q_len, seq_len]`` of the last ``q_len`` positions of a sequence; None
+        when SDPA's own causal mask is exactly it (a whole sequence, no window, no soft-cap)."""
+        if q_len == seq_len and layer.sliding_window is None and layer.logits_soft_cap is None:
+            return None
+        device = self.spec.device
+        query_pos = torch.arange(seq_len - q_len, seq_len, device=device)[:, None]
+        return self._visible(query_pos, torch.arange(seq_len, device=device)[None, :], layer.sliding_window)
+
+    @staticmethod
+    def _visible(query_pos: torch.Tensor, key_pos: torch.Tensor, window: int | None) -> torch.Tensor:
+        """True where the key at ``key_pos`` is visible from ``query_pos`` (broadcast): causal, within ``window``."""
+        mask = key_pos <= query_pos
+        if window is not None:
+            mask &= key_pos > query_pos - window
+        return mask
 
     @staticmethod
     def _gather(kv_cache: torch.Tensor, batch: AttentionBatch, seqs: list[int], length: int):
@@ -78,12 +132,17 @@ class CpuAttentionBackend(AttentionBackend):
         v = kv_cache[1][tables].flatten(1, 2)[:, :length]
         return k.transpose(1, 2), v.transpose(1, 2)
 
-    @staticmethod
-    def _causal(q, keys, values, seq_len: int, scale: float, gqa: bool) -> torch.Tensor:
-        """Causal attention where the ``q_len`` queries are the last positions of a ``seq_len`` sequence."""
-        q_len = q.shape[2]
-        if q_len == seq_len:
-            return F.scaled_dot_product_attention(q, keys, values, is_causal=True, scale=scale, enable_gqa=gqa)
-        query_pos = torch.arange(seq_len - q_len, seq_len)[:, None]
-        mask = torch.arange(seq_len)[None, :] <= query_pos
-        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale, enable_gqa=gqa)
+
+def soft_capped_attention(q, keys, values, mask: torch.Tensor, scale: float, cap: float) -> torch.Tensor:
+    """Attention with scores ``cap * tanh(q·k * scale / cap)``, in float32; shapes and mask as in ``_attend``."""
+    n, heads, q_len, head_dim = q.shape
+    kv_heads = keys.shape[1]
+    group = heads // kv_heads  # query head h reads KV head h // group
+    grouped = q.float().reshape(n, kv_heads, group, q_len, head_dim)
+    scores = grouped @ keys.float().unsqueeze(2).transpose(-1, -2) * scale  # [n, kv_heads, group, q, L]
+    scores = cap * torch.tanh(scores / cap)
+    if mask.dim() == 4:  # [n, 1, q, L] -> [n, 1, 1, q, L]
+        mask = mask.unsqueeze(1)
+    probs = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+    out = probs @ values.float().unsqueeze(2)  # [n, kv_heads, group, q, d]
+    return out.reshape(n, heads, q_len, head_dim).to(q.dtype)

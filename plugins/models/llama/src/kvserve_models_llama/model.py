@@ -1,13 +1,14 @@
 """Llama-family decoder models (Llama, Mistral, Qwen2, Qwen3) on kvserve's paged KV cache.
 
-The four share one implementation; they differ only in attention biases and Qwen3's
-per-head q/k RMSNorm. Parameter names mirror HF's, except that q/k/v are fused
-into ``qkv_proj`` (one matmul) and filled shard by shard.
+The four share one implementation; they differ only in attention biases, Qwen3's
+per-head q/k RMSNorm and which layers use the config's sliding window (each layer's
+window goes to the attention backend through its PagedAttention). Parameter names
+mirror HF's, except that q/k/v are fused into ``qkv_proj`` (one matmul) and filled
+shard by shard.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable
 from typing import Any, ClassVar
 
@@ -17,8 +18,6 @@ import torch.nn.functional as F
 from kvserve.forward_context import ForwardContext
 from kvserve.interfaces import QuantizationMethod
 from kvserve.layers import PagedAttention, QuantLinear, RMSNorm, RotaryEmbedding
-
-logger = logging.getLogger(__name__)
 
 # (checkpoint projection, fused layer holding it); the projection name is also its shard id.
 STACKED_PROJECTIONS = (
@@ -96,7 +95,8 @@ class LlamaAttention(torch.nn.Module):
             self.q_norm = self.k_norm = None
         self.rotary_emb = rotary_emb
         scale = self.head_dim**-0.5
-        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, scale, layer_idx)
+        window = sliding_window_of(hf_config, layer_idx)
+        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, scale, layer_idx, window)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         q, k, v = self.qkv_proj(hidden).split(self.split_sizes, dim=-1)
@@ -169,7 +169,6 @@ class LlamaForCausalLM(torch.nn.Module):
         super().__init__()
         self.hf_config = hf_config
         self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
-        warn_if_sliding_window(hf_config)
         head_dim = head_dim_of(hf_config)
         # One rope table shared by every layer.
         rotary_emb = RotaryEmbedding(hf_config, head_dim, hf_config.max_position_embeddings)
@@ -256,11 +255,12 @@ class LlamaForCausalLM(torch.nn.Module):
 
 
 class MistralForCausalLM(LlamaForCausalLM):
-    """Mistral: the Llama architecture (sliding-window attention is not applied, see the warning)."""
+    """Mistral: the Llama architecture; ``sliding_window`` (when set) applies to every layer."""
 
 
 class Qwen2ForCausalLM(LlamaForCausalLM):
-    """Qwen2: q/k/v always carry a bias, o_proj never."""
+    """Qwen2: q/k/v always carry a bias, o_proj never; with ``use_sliding_window``, layers from
+    ``max_window_layers`` on are sliding (as the config's ``layer_types`` says)."""
 
     @staticmethod
     def attention_biases(hf_config: Any) -> tuple[bool, bool]:
@@ -278,13 +278,20 @@ def head_dim_of(hf_config: Any) -> int:
     return getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
 
 
-def warn_if_sliding_window(hf_config: Any) -> None:
-    """Sliding-window attention is not implemented: every token attends to its whole context."""
+def sliding_window_of(hf_config: Any, layer_idx: int) -> int | None:
+    """The sliding window of layer ``layer_idx``, as transformers applies it; None: full attention.
+
+    The config's ``layer_types`` decides per layer when present (transformers derives it for
+    Qwen2/Qwen3 from ``use_sliding_window`` and ``max_window_layers``: layers ``>= max_window_layers``
+    slide); otherwise ``sliding_window`` applies to every layer (Mistral), unless
+    ``use_sliding_window`` is false. A window no sequence can exceed is dropped.
+    """
     window = getattr(hf_config, "sliding_window", None)
-    if window is not None and window < hf_config.max_position_embeddings:
-        logger.warning(
-            "sliding_window=%d is ignored: sequences longer than %d tokens attend to their whole "
-            "context, unlike the reference implementation",
-            window,
-            window,
-        )
+    if window is None or window >= hf_config.max_position_embeddings:
+        return None
+    layer_types = getattr(hf_config, "layer_types", None)
+    if layer_types is not None:
+        return window if layer_types[layer_idx] == "sliding_attention" else None
+    if not getattr(hf_config, "use_sliding_window", True):
+        return None
+    return window if layer_idx >= getattr(hf_config, "max_window_layers", 0) else None
