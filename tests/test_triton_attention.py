@@ -2,20 +2,16 @@
 the platform named when forced without the interpreter, and (under ``TRITON_INTERPRET=1``)
 the same greedy tokens as HF transformers, batched, with chunked prefill and with preemption."""
 
-import dataclasses
-
 import pytest
 import torch
 import transformers
 
 from kvserve import LLM, SamplingParams
 from kvserve.errors import ConfigError
-from kvserve.interfaces import AttentionSpec
 from kvserve.testing.hf_models import build_tiny_model
 
 pytest.importorskip("kvserve_attention_triton")
 
-SEAM = "layers" in {f.name for f in dataclasses.fields(AttentionSpec)}
 PROMPTS = ["Paris is the capital of", "0123456789", "Paged attention stores keys and values in fixed size blocks."]
 NEW_TOKENS = 10
 
@@ -47,7 +43,6 @@ def test_forcing_triton_on_cpu_without_the_interpreter_names_the_platform(tiny_l
         LLM(str(tiny_llama[0]), attention_backend="triton", max_model_len=64, num_kv_blocks=16)
 
 
-@pytest.mark.skipif(not SEAM, reason="needs the attention seam (branch seam)")
 @pytest.mark.parametrize(
     "engine_args",
     [

@@ -1,9 +1,5 @@
-"""The backend class on the target attention interface (per-layer facts from ``spec.layers``).
-
-Until core has that interface (branch ``seam``: ``LayerAttentionSpec`` and ``AttentionSpec.layers``),
-the specs here are built by a private stand-in with the same fields; once core has them, the
-real classes are used and the stand-in is never built.
-"""
+"""The backend class on the attention interface: per-layer facts from ``spec.layers``, the
+declared KV layout, padded slots, the split-KV choice and the refusal reasons."""
 
 from __future__ import annotations
 
@@ -13,48 +9,16 @@ import pytest
 import torch
 from triton_cases import DEVICE, MIXED, check, make_case
 
-import kvserve.interfaces as interfaces
+from kvserve.interfaces import AttentionSpec as Spec
+from kvserve.interfaces import LayerAttentionSpec as Layer
 from kvserve.testing.attention_reference import build_batch
 from kvserve_attention_triton.backend import CPU_HINT, TritonAttentionBackend
 from kvserve_platform_cpu.platform import CpuPlatform
-
-SEAM = "layers" in {f.name for f in dataclasses.fields(interfaces.AttentionSpec)}
-
-
-@dataclasses.dataclass(frozen=True)
-class _Layer:  # stand-in for kvserve.interfaces.LayerAttentionSpec before the seam lands
-    scale: float
-    sliding_window: int | None = None
-    logits_soft_cap: float | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class _Spec:  # stand-in for the target kvserve.interfaces.AttentionSpec
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    dtype: torch.dtype
-    block_size: int
-    device: torch.device
-    layers: tuple = ()
-    kv_cache_dtype: torch.dtype | None = None
-
-    @property
-    def cache_dtype(self) -> torch.dtype:
-        return self.kv_cache_dtype or self.dtype
-
-
-Layer = getattr(interfaces, "LayerAttentionSpec", _Layer) if SEAM else _Layer
-Spec = interfaces.AttentionSpec if SEAM else _Spec
 
 
 def spec(heads=8, kv_heads=2, head_dim=64, dtype=torch.float32, block_size=16, layers=None):
     layers = layers or (Layer(head_dim**-0.5),)
     return Spec(heads, kv_heads, head_dim, dtype, block_size, DEVICE, layers=tuple(layers))
-
-
-def test_interface_in_use():
-    print(f"specs: {'core AttentionSpec (seam landed)' if SEAM else 'private stand-in (core has the old interface)'}")
 
 
 def test_refuses_the_cpu_platform_without_the_interpreter(monkeypatch):
