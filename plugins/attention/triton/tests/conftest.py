@@ -1,7 +1,7 @@
 """Without a GPU, this package's tests run the kernels in Triton's CPU interpreter.
 
-``TRITON_INTERPRET`` is read when each ``@triton.jit`` function is defined, so it is set here,
-before any test module imports the kernels.
+``TRITON_INTERPRET`` is read when each ``@triton.jit`` function is defined, triton's own
+(``tl.max``, ``tl.sum``...) included, so it is set here, before anything imports triton.
 """
 
 import os

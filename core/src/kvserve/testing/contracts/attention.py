@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import warnings
 from collections.abc import Callable
 from typing import Any, ClassVar, NamedTuple
@@ -734,6 +735,12 @@ def _interpreter_unless_gpu() -> None:
             continue
         if platform_cls.device_type != "cpu" and platform_cls.unavailable_reason() is None:
             return
+    if "triton" in sys.modules:
+        # triton's own tl.max, tl.sum... were compiled-mode @jit functions: interpreted kernels would fail
+        raise RuntimeError(
+            "interpreter_on_cpu: triton was imported before TRITON_INTERPRET=1 could be set; set it in "
+            "the environment (or a conftest.py) before anything imports triton"
+        )
     os.environ["TRITON_INTERPRET"] = "1"
 
 
