@@ -91,6 +91,10 @@ def resolve_attention(
     refusals = []
     for name in candidates or [choice]:
         cls = load_component("attention_backend", name)
+        if choice == AUTO and platform.device_type not in cls.device_types:
+            # a backend that can be forced onto this device for tests (Triton's interpreter) is never chosen for it
+            refusals.append(f"{name}: runs on {', '.join(cls.device_types)}, not {platform.device_type}")
+            continue
         block_size = cls.default_block_size if config.cache.block_size == AUTO else config.cache.block_size
         spec = AttentionSpec(num_heads, num_kv_heads, head_dim, dtype, block_size, platform.device(), layers)
         reasons = cls.unsupported_reasons(spec, platform)

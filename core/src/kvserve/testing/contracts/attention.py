@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
 import warnings
 from collections.abc import Callable
 from typing import Any, ClassVar, NamedTuple
@@ -21,14 +23,24 @@ from kvserve.testing.attention_reference import (
 )
 from kvserve.testing.contracts._base import ComponentContract, violation
 
-SCENARIOS: dict[str, list[tuple[int, int]]] = {
-    "prefill": [(0, 7), (0, 13), (0, 2)],
-    "decode": [(5, 1), (20, 1), (40, 1), (1, 1), (63, 1)],
-    "chunked": [(8, 5), (17, 16), (3, 9)],
-    "mixed": [(0, 7), (5, 1), (20, 1), (3, 9), (40, 1), (0, 1)],
-}
-"""Batches as ``(cached tokens, new tokens)`` per sequence: prefills, decodes, chunked prefills
-(queries starting mid-sequence) and all of them mixed in one batch."""
+SCENARIO_NAMES = ("prefill", "decode", "chunked", "mixed")
+
+
+def scenario(name: str, block_size: int) -> list[tuple[int, int]]:
+    """A batch as ``(cached tokens, new tokens)`` per sequence: prefills, decodes, chunked
+    prefills (queries starting mid-sequence) and all of them mixed in one batch.
+
+    Lengths scale with ``block_size`` so that, whatever the block size, sequences span several
+    blocks, end on and next to block boundaries, and chunks start inside a block.
+    """
+    b = block_size
+    return {
+        "prefill": [(0, b + 7), (0, 2 * b + 3), (0, 2)],
+        "decode": [(b + 4, 1), (2 * b + 5, 1), (3 * b, 1), (1, 1), (b - 1, 1)],
+        "chunked": [(b + 8, 5), (b - 3, 16), (3, b + 9)],
+        "mixed": [(0, 7), (b + 5, 1), (2 * b + 4, 1), (3, b + 9), (3 * b + 8, 1), (0, 1)],
+    }[name]
+
 
 HEAD_LAYOUTS: dict[str, tuple[int, int]] = {"mha": (4, 4), "gqa": (8, 2), "mqa": (4, 1)}
 """``(query heads, KV heads)``."""
@@ -137,6 +149,9 @@ class AttentionBackendContract(ComponentContract):
     - the per-layer facts of :data:`LAYER_KINDS` (a non-default scale, sliding windows,
       logit soft-caps) are applied as the reference applies them, or a window / soft-cap is
       refused with a reason naming it; layers of different kinds share one metadata;
+    - sequences span several blocks whatever the block size (:func:`scenario` scales with it);
+      ``query``/``key``/``value`` may be strided views of one fused qkv tensor; block ids may be
+      the last of a large pool; one batch may hold 64 sequences of very different lengths;
     - ``forward`` leaves the cache unchanged; one ``build_metadata`` result serves every layer;
     - ``write_kv`` changes exactly the K and V rows of the ``slot_mapping`` slots, skips tokens
       whose slot is -1, and each token's K/V lands in its own slot (for caches whose layout
@@ -150,7 +165,9 @@ class AttentionBackendContract(ComponentContract):
       copies whole blocks and nothing else).
 
     Tests run on the first installed, available platform whose device type the backend
-    supports (or :attr:`platform_name`); without one they are skipped with the reason.
+    supports (or :attr:`platform_name`); without one they are skipped with the reason. A Triton
+    backend sets :attr:`interpreter_on_cpu` to run on the CPU platform in Triton's interpreter
+    when no GPU platform is available.
     """
 
     kind = "attention_backend"
@@ -163,6 +180,12 @@ class AttentionBackendContract(ComponentContract):
     probe_head_sizes: ClassVar[tuple[int, ...]] = (32, 80, 256)
     """Less common head sizes: served correctly, or refused with a reason naming the size."""
     dtypes: ClassVar[tuple[str, ...]] = ("float32", "bfloat16")
+    interpreter_on_cpu: ClassVar[bool] = False
+    """For a Triton backend: when no GPU platform is available, run on the CPU platform in
+    Triton's interpreter instead of skipping. ``TRITON_INTERPRET=1`` is then set before the
+    backend is loaded (triton reads it when each ``@triton.jit`` is defined); the backend keeps
+    ``"cpu"`` out of its ``device_types`` (so ``auto`` never picks it on a CPU) and accepts the CPU
+    platform in ``unsupported_reasons`` only while that variable is set."""
     tolerances: ClassVar[dict[str, tuple[float, float]]] = {
         "float32": (2e-5, 2e-5),
         "bfloat16": (2e-2, 2e-2),
@@ -195,6 +218,14 @@ class AttentionBackendContract(ComponentContract):
         return view[0].reshape(num_slots, num_kv_heads, head_dim), view[1].reshape(num_slots, num_kv_heads, head_dim)
 
     # -- fixtures and helpers --------------------------------------------------------------
+    @classmethod
+    def load_component(cls) -> type[AttentionBackend]:
+        """The backend class; with :attr:`interpreter_on_cpu` and no GPU platform, loaded with
+        Triton's interpreter switched on."""
+        if cls.interpreter_on_cpu:
+            _interpreter_unless_gpu()
+        return super().load_component()
+
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
         super().pytest_generate_tests(metafunc)
         try:
@@ -212,7 +243,7 @@ class AttentionBackendContract(ComponentContract):
         if "case" in metafunc.fixturenames:
             cases = [
                 AttentionCase(scenario, layout, head_dim, block_size, dtype)
-                for scenario in SCENARIOS
+                for scenario in SCENARIO_NAMES
                 for layout in HEAD_LAYOUTS
                 for head_dim in self.head_sizes
                 for block_size in block_sizes
@@ -232,7 +263,8 @@ class AttentionBackendContract(ComponentContract):
         tried = []
         for name in names:
             platform_cls = load_component("platform", name)
-            if platform_cls.device_type not in component.device_types:
+            interpreted = cls.interpreter_on_cpu and platform_cls.device_type == "cpu" and _interpreter_on()
+            if platform_cls.device_type not in component.device_types and not interpreted:
                 tried.append(f"{name}: device type {platform_cls.device_type!r}")
                 continue
             reason = platform_cls.unavailable_reason()
@@ -281,22 +313,38 @@ class AttentionBackendContract(ComponentContract):
             )
         pytest.skip(f"backend refuses these layer facts: {'; '.join(reasons)}")
 
-    def run_case(self, component, platform, spec: AttentionSpec, seqs, seed: int):
+    def run_case(
+        self,
+        component,
+        platform,
+        spec: AttentionSpec,
+        seqs,
+        seed: int,
+        *,
+        num_blocks: int | None = None,
+        transform: Callable[[PagedCase], PagedCase] | None = None,
+    ):
         """Write the cached and new K/V of a random case through the backend and run ``forward``.
 
         Returns ``(cases, outputs)``, one per layer of ``spec``; all layers share one ``build_metadata``.
+        ``num_blocks`` is the cache's block count (default: twice what the case needs);
+        ``transform`` rewrites each random case before it is used (e.g. :func:`fused_qkv_views`,
+        :func:`at_end_of_pool`).
         """
         device = spec.device
         blocks_needed = sum(-(-(c + q) // spec.block_size) for c, q in seqs)
-        num_blocks = 2 * blocks_needed + 2  # half the blocks stay unused, filled with garbage
+        case_blocks = 2 * blocks_needed + 2  # half the blocks stay unused, filled with garbage
+        num_blocks = num_blocks or case_blocks
         backend = component(spec)
         shape = backend.kv_cache_shape(num_blocks)
         cases, caches = [], []
         for layer in range(spec.num_layers):
             case = make_paged_case(
-                seqs, spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.block_size, num_blocks,
+                seqs, spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.block_size, case_blocks,
                 spec.dtype, seed=seed * 7 + layer, device=device,
             )  # fmt: skip
+            if transform is not None:
+                case = transform(case)
             if layer:  # every layer shares the first layer's batch (block tables, slots)
                 case = dataclasses.replace(case, batch=cases[0].batch, tables=cases[0].tables)
             cache = garbage_cache(shape, spec.dtype, device, seed)
@@ -435,7 +483,9 @@ class AttentionBackendContract(ComponentContract):
         spec = self.spec(target_platform, HEAD_LAYOUTS[case.layout], case.head_dim, case.dtype, case.block_size)
         self.require_served(component, spec, target_platform)
         seed = sum(map(ord, str(case)))
-        (paged_case,), (out,) = self.run_case(component, target_platform, spec, SCENARIOS[case.scenario], seed)
+        (paged_case,), (out,) = self.run_case(
+            component, target_platform, spec, scenario(case.scenario, case.block_size), seed
+        )
         self.check_against_reference(paged_case, out, spec, str(case))
 
     def test_layer_facts_match_reference(self, component, target_platform, kind_case: LayerKindCase):
@@ -448,7 +498,7 @@ class AttentionBackendContract(ComponentContract):
         spec = dataclasses.replace(plain, layers=(layer_spec(head_dim, **facts),))
         self.require_served_or_named(component, spec, target_platform, facts)
         seed = sum(map(ord, str(kind_case)))
-        (paged_case,), (out,) = self.run_case(component, target_platform, spec, SCENARIOS["mixed"], seed)
+        (paged_case,), (out,) = self.run_case(component, target_platform, spec, scenario("mixed", block_size), seed)
         self.check_against_reference(paged_case, out, spec, str(kind_case))
 
     def test_one_metadata_serves_every_layer(self, component, target_platform):
@@ -458,7 +508,7 @@ class AttentionBackendContract(ComponentContract):
         layers = (layer_spec(head_dim),) * 3
         spec = self.spec(target_platform, HEAD_LAYOUTS["gqa"], head_dim, self.dtypes[0], block_size, layers)
         self.require_served(component, spec, target_platform)
-        cases, outputs = self.run_case(component, target_platform, spec, SCENARIOS["mixed"], seed=3)
+        cases, outputs = self.run_case(component, target_platform, spec, scenario("mixed", block_size), seed=3)
         for layer, (case, out) in enumerate(zip(cases, outputs)):
             self.check_against_reference(case, out, spec, f"layer {layer} of 3 sharing one metadata", layer)
 
@@ -473,7 +523,7 @@ class AttentionBackendContract(ComponentContract):
         )
         self.require_served(component, dataclasses.replace(spec, layers=(full,)), target_platform)
         self.require_served_or_named(component, spec, target_platform, {"sliding_window": 6})
-        cases, outputs = self.run_case(component, target_platform, spec, SCENARIOS["mixed"], seed=4)
+        cases, outputs = self.run_case(component, target_platform, spec, scenario("mixed", spec.block_size), seed=4)
         for layer, (case, out) in enumerate(zip(cases, outputs)):
             self.check_against_reference(case, out, spec, f"layer {layer} ({spec.layers[layer]}) of 3", layer)
 
@@ -495,7 +545,7 @@ class AttentionBackendContract(ComponentContract):
         spec = self.spec(target_platform, (2 * kv_heads, kv_heads), self.head_sizes[0], dtype, block_size)
         self.require_served(component, spec, target_platform)
         case = make_paged_case(
-            SCENARIOS["mixed"], spec.num_heads, kv_heads, spec.head_dim, block_size, num_blocks, spec.dtype,
+            scenario("mixed", block_size), spec.num_heads, kv_heads, spec.head_dim, block_size, num_blocks, spec.dtype,
             seed=5, device=spec.device,
         )  # fmt: skip
         batch = case.batch
@@ -586,8 +636,120 @@ class AttentionBackendContract(ComponentContract):
                 f"head size {probe_head_size} is refused, but no reason names it: {reasons!r}"
             )
             return
-        (case,), (out,) = self.run_case(component, target_platform, spec, SCENARIOS["mixed"], seed=probe_head_size)
+        (case,), (out,) = self.run_case(
+            component, target_platform, spec, scenario("mixed", spec.block_size), seed=probe_head_size
+        )
         self.check_against_reference(case, out, spec, f"head size {probe_head_size}")
+
+    # -- layouts, scales and pools as the engine uses them ----------------------------------
+    def test_strided_qkv_views(self, component, target_platform, dtype):
+        """``query``/``key``/``value`` are non-contiguous views into one fused qkv tensor, as the
+        Llama model slices its projection: the backend must honour their strides."""
+        spec = self.spec(target_platform, HEAD_LAYOUTS["gqa"], self.head_sizes[0], dtype, component.default_block_size)
+        self.require_served(component, spec, target_platform)
+        seqs = scenario("mixed", spec.block_size)
+        (case,), (out,) = self.run_case(component, target_platform, spec, seqs, seed=11, transform=fused_qkv_views)
+        assert not case.query.is_contiguous() and not case.key.is_contiguous()
+        self.check_against_reference(case, out, spec, "q/k/v as strided views of a fused qkv tensor")
+
+    def test_block_ids_near_the_end_of_a_large_pool(self, component, target_platform):
+        """Block tables holding the last ids of a large pool (slot offsets past 2**23 elements)."""
+        spec = self.spec(
+            target_platform, HEAD_LAYOUTS["mqa"], self.head_sizes[0], self.dtypes[0], component.default_block_size
+        )
+        self.require_served(component, spec, target_platform)
+        pool = max(LARGE_POOL_SLOTS // spec.block_size, 64)
+        seqs = scenario("mixed", spec.block_size)
+        transform = at_end_of_pool(pool)
+        (case,), (out,) = self.run_case(
+            component, target_platform, spec, seqs, seed=13, num_blocks=pool, transform=transform
+        )
+        assert max(max(t) for t in case.tables) == pool - 1
+        self.check_against_reference(case, out, spec, f"block ids up to {pool - 1} of a pool of {pool}")
+
+    def test_many_sequences_of_very_different_lengths(self, component, target_platform, dtype):
+        """64 sequences in one batch, from one token to many blocks, decodes and (chunked) prefills."""
+        spec = self.spec(target_platform, HEAD_LAYOUTS["gqa"], self.head_sizes[0], dtype, component.default_block_size)
+        self.require_served(component, spec, target_platform)
+        seqs = many_sequences(64, spec.block_size, seed=14)
+        (case,), (out,) = self.run_case(component, target_platform, spec, seqs, seed=14)
+        self.check_against_reference(case, out, spec, "64 sequences of very different lengths")
+
+
+LARGE_POOL_SLOTS = 1 << 17
+"""Slots of the pool in :meth:`AttentionBackendContract.test_block_ids_near_the_end_of_a_large_pool`."""
+
+
+def fused_qkv_views(case: PagedCase) -> PagedCase:
+    """The same case with ``query``/``key``/``value`` as views into one ``[tokens, (heads + 2 *
+    kv_heads) * head_dim]`` tensor (each row holds a token's q, k and v)."""
+    tokens, heads, head_dim = case.query.shape
+    kv_heads = case.key.shape[1]
+    fused = torch.cat([case.query.flatten(1), case.key.flatten(1), case.value.flatten(1)], dim=1)
+    q_end, k_end = heads * head_dim, (heads + kv_heads) * head_dim
+    return dataclasses.replace(
+        case,
+        query=fused[:, :q_end].view(tokens, heads, head_dim),
+        key=fused[:, q_end:k_end].view(tokens, kv_heads, head_dim),
+        value=fused[:, k_end:].view(tokens, kv_heads, head_dim),
+    )
+
+
+def at_end_of_pool(pool: int) -> Callable[[PagedCase], PagedCase]:
+    """A transform moving a case's blocks to the top of a ``pool``-block cache (its highest block
+    becomes ``pool - 1``), keeping their order and the rest of the case."""
+
+    def move(case: PagedCase) -> PagedCase:
+        shift = pool - 1 - max(max(t) for t in case.tables)
+        tables = [[b + shift for b in t] for t in case.tables]
+        batch = case.batch
+        context = case.context_lens
+        moved = build_batch(tables, context, batch.query_lens_host, batch.block_size, batch.slot_mapping.device)
+        return dataclasses.replace(case, batch=moved, tables=tables)
+
+    return move
+
+
+def many_sequences(count: int, block_size: int, seed: int) -> list[tuple[int, int]]:
+    """``count`` sequences of 1 to about ``6 * block_size`` tokens: mostly decodes, every fourth a
+    chunked prefill, every seventh a whole prefill (deterministic for ``seed``)."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 6 * block_size, (count,), generator=gen).tolist()
+    seqs = []
+    for i, n in enumerate(lengths):
+        if i % 7 == 0:
+            seqs.append((0, min(n, 2 * block_size)))
+        elif i % 4 == 0:
+            new = min(n, 13)
+            seqs.append((n - new, new))
+        else:
+            seqs.append((n, 1))
+    return seqs
+
+
+def _interpreter_on() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _interpreter_unless_gpu() -> None:
+    """Switch on Triton's interpreter (``TRITON_INTERPRET=1``) unless a platform other than the
+    CPU is available: the knob :attr:`AttentionBackendContract.interpreter_on_cpu`."""
+    if _interpreter_on():
+        return
+    for name in get_plugin_manager().registry("platform").names():
+        try:
+            platform_cls = load_component("platform", name)
+        except Exception:  # a broken platform plugin is reported where it is used, not here
+            continue
+        if platform_cls.device_type != "cpu" and platform_cls.unavailable_reason() is None:
+            return
+    if "triton" in sys.modules:
+        # triton's own tl.max, tl.sum... were compiled-mode @jit functions: interpreted kernels would fail
+        raise RuntimeError(
+            "interpreter_on_cpu: triton was imported before TRITON_INTERPRET=1 could be set; set it in "
+            "the environment (or a conftest.py) before anything imports triton"
+        )
+    os.environ["TRITON_INTERPRET"] = "1"
 
 
 GARBAGE = 50.0

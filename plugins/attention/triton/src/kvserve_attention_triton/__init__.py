@@ -1,0 +1,1 @@
+"""kvserve-attention-triton: paged attention kernels written in Triton (NVIDIA and AMD GPUs)."""
