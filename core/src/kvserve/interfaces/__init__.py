@@ -4,7 +4,7 @@ from kvserve.interfaces.attention import AttentionBackend, AttentionBatch, Atten
 from kvserve.interfaces.kv_cache import KVCacheManager, KVCacheStats
 from kvserve.interfaces.model import Model
 from kvserve.interfaces.platform import Platform
-from kvserve.interfaces.quantization import QuantizationMethod
+from kvserve.interfaces.quantization import ParamLoading, QuantizationMethod
 from kvserve.interfaces.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
 
 __all__ = [
@@ -14,6 +14,7 @@ __all__ = [
     "KVCacheManager",
     "KVCacheStats",
     "Model",
+    "ParamLoading",
     "Platform",
     "QuantizationMethod",
     "ScheduledRequest",

@@ -1,8 +1,19 @@
 """Building blocks for model plugins (importing this package imports torch)."""
 
 from kvserve.layers.attention import PagedAttention
-from kvserve.layers.linear import QuantLinear, UnquantizedLinearMethod
+from kvserve.layers.linear import ColumnLinear, LinearBase, MergedColumnLinear, RowLinear, UnquantizedLinearMethod
+from kvserve.layers.loading import load_checkpoint
 from kvserve.layers.norm import RMSNorm
 from kvserve.layers.rotary import RotaryEmbedding
 
-__all__ = ["PagedAttention", "QuantLinear", "RMSNorm", "RotaryEmbedding", "UnquantizedLinearMethod"]
+__all__ = [
+    "ColumnLinear",
+    "LinearBase",
+    "MergedColumnLinear",
+    "PagedAttention",
+    "RMSNorm",
+    "RotaryEmbedding",
+    "RowLinear",
+    "UnquantizedLinearMethod",
+    "load_checkpoint",
+]
