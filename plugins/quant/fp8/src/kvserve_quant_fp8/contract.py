@@ -20,7 +20,7 @@ class Fp8Contract(QuantizationMethodContract):
     quantization = "fp8"
     quant_config = {"quant_method": "fp8", "activation_scheme": "dynamic"}
     max_error = 0.05  # E4M3 keeps 3 mantissa bits
-    fused_tolerance = 0.05  # fused shards are requantized to the largest of their scales
+    fused_tolerance = 0.05  # on CUDA fused shards are requantized to the largest of their scales
 
     def quantize(self, weight: torch.Tensor) -> dict[str, torch.Tensor]:
         scale = weight.abs().amax() / _FP8_MAX

@@ -2,7 +2,8 @@
 scale per tensor (``[]``) or per output channel (``[out, 1]``), ``W ≈ weight * weight_scale``.
 
 CPU: the weight is dequantized to the activation dtype inside the layer, one layer at a time
-(``torch._scaled_mm`` on CPU runs a reference path far slower than a dense matmul). CUDA with
+(``torch._scaled_mm`` on CPU runs a reference path far slower than a dense matmul); fused
+shards keep their own per-tensor scales as per-row scales, exactly. CUDA with
 compute capability 8.9+ and a per-tensor scale: ``torch._scaled_mm`` on FP8 activations
 quantized per tensor (dynamically, or with the checkpoint's static ``input_scale``).
 """
@@ -27,8 +28,9 @@ def quantize_per_tensor(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
 
 
 def requantize_shards(weight: torch.Tensor, scales: torch.Tensor, output_sizes: list[int]) -> torch.Tensor:
-    """One per-tensor scale for a fused layer whose shards were stored with their own:
-    each shard is dequantized and requantized to the largest scale (as vLLM does)."""
+    """One per-tensor scale for a fused layer whose shards were stored with their own, for a
+    kernel that takes one: each shard is dequantized and requantized to the largest scale (as
+    vLLM does; it costs one more FP8 rounding)."""
     largest = scales.max()
     parts = []
     for part, scale in zip(weight.split(output_sizes, dim=0), scales, strict=True):
@@ -36,17 +38,22 @@ def requantize_shards(weight: torch.Tensor, scales: torch.Tensor, output_sizes: 
     return torch.cat(parts, dim=0)
 
 
-def scaled_mm_unavailable_reason(layer: torch.nn.Module) -> str | None:
-    """Why ``torch._scaled_mm`` does not serve this loaded layer (None: it does)."""
-    device = layer.weight.device
+def device_unavailable_reason(device: torch.device) -> str | None:
+    """Why ``torch._scaled_mm`` cannot run on ``device`` (None: it can)."""
     if device.type != "cuda":
         return f"{device.type} runs no FP8 matmul kernel; weights are dequantized per layer"
     major, minor = torch.cuda.get_device_capability(device)
     if (major, minor) < (8, 9):
         return f"compute capability {major}.{minor} < 8.9 has no FP8 tensor cores; weights are dequantized per layer"
-    if layer.weight_scale.numel() != 1:
-        return "per-channel weight scales are dequantized per layer (only per-tensor scales use torch._scaled_mm)"
     return None
+
+
+def scaled_mm_unavailable_reason(layer: torch.nn.Module) -> str | None:
+    """Why ``torch._scaled_mm`` does not serve this loaded layer (None: it does)."""
+    reason = device_unavailable_reason(layer.weight.device)
+    if reason is None and layer.weight_scale.numel() != 1:
+        return "per-channel weight scales are dequantized per layer (only per-tensor scales use torch._scaled_mm)"
+    return reason
 
 
 def finish_loading(layer: torch.nn.Module) -> None:

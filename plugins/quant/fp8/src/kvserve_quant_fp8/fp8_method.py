@@ -4,7 +4,8 @@ A checkpoint (``quantization_config = {"quant_method": "fp8", "activation_scheme
 "dynamic", "ignored_layers": [...]}``) holds per linear layer ``weight`` (float8_e4m3fn
 ``[out, in]``), ``weight_scale`` (float32, one per tensor) and, for static activations,
 ``input_scale`` (float32, one per tensor). Shards of a fused layer with different weight
-scales are requantized to the largest at load.
+scales are requantized to the largest at load where the FP8 kernel needs one scale (as vLLM
+does); the dequantizing CPU path keeps each shard's scale as per-row scales instead.
 
 Without a ``quantization_config`` (``quantization="fp8"`` on a bf16/fp32 checkpoint) the
 float weight is loaded and quantized per tensor at load (online dynamic FP8).
@@ -16,7 +17,14 @@ import torch
 
 from kvserve.errors import ConfigError
 from kvserve.interfaces import ParamLoading, QuantizationMethod
-from kvserve_quant_fp8.fp8_linear import FP8_DTYPE, apply_fp8, finish_loading, quantize_per_tensor, requantize_shards
+from kvserve_quant_fp8.fp8_linear import (
+    FP8_DTYPE,
+    apply_fp8,
+    device_unavailable_reason,
+    finish_loading,
+    quantize_per_tensor,
+    requantize_shards,
+)
 
 
 class Fp8Method(QuantizationMethod):
@@ -57,16 +65,25 @@ class Fp8Method(QuantizationMethod):
         if self.online:
             weight, scale = quantize_per_tensor(layer.weight.data)
         else:
-            scales = layer.weight_scale.data
-            weight = layer.weight.data
-            if len(scales) > 1 and not torch.all(scales == scales[0]):
-                weight = requantize_shards(weight, scales, layer.output_sizes)
-            scale = scales.max()
+            weight, scale = self._fuse_shard_scales(layer)
             if self.static_inputs:  # one activation scale covers every shard's input range
                 layer.input_scale = torch.nn.Parameter(layer.input_scale.data.max(), requires_grad=False)
         layer.weight = torch.nn.Parameter(weight, requires_grad=False)
-        layer.weight_scale = torch.nn.Parameter(scale.reshape(()), requires_grad=False)
+        layer.weight_scale = torch.nn.Parameter(scale, requires_grad=False)
         finish_loading(layer)
+
+    @staticmethod
+    def _fuse_shard_scales(layer) -> tuple[torch.Tensor, torch.Tensor]:
+        """The weight and its scale for a layer loaded with one per-tensor scale per shard: one
+        scale (``[]``) when all agree or the FP8 kernel needs one (requantizing), else per-row
+        scales ``[out, 1]`` (exact, for the dequantizing path)."""
+        scales, weight = layer.weight_scale.data, layer.weight.data
+        if bool(torch.all(scales == scales[0])):
+            return weight, scales[0].clone()
+        if device_unavailable_reason(weight.device) is None:
+            return requantize_shards(weight, scales, layer.output_sizes), scales.max()
+        sizes = torch.tensor(layer.output_sizes, device=scales.device)
+        return weight, scales.repeat_interleave(sizes)[:, None].contiguous()
 
     def apply(self, layer, x, bias):
         return apply_fp8(layer, x, bias)
