@@ -6,11 +6,11 @@ from kvserve_quant_awq.contract import AwqContract
 
 
 class TestAwqGroup128(AwqContract):
-    """group_size 128: int4 CPU matmul in every activation dtype."""
+    """group_size 128: int4 CPU matmul for bf16/fp16, dequantized per matmul for fp32."""
 
 
 class TestAwqGroup64(AwqContract):
-    """group_size 64 (SmolLM2's 576 hidden features): fp32 dequantizes per matmul."""
+    """group_size 64 (SmolLM2's 576 hidden features)."""
 
     quant_config: ClassVar[dict] = {**AwqContract.quant_config, "group_size": 64}
     shapes = ((192, 64), (576, 96))

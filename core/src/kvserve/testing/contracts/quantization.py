@@ -244,10 +244,9 @@ class QuantizationMethodContract(ComponentContract):
             f"(relative), more than {bound}: a shard was loaded into the wrong part of a parameter"
         )
 
-    def test_resident_bytes_fit_the_format(self, component, platform, shape):
+    def test_resident_bytes_fit_the_format(self, component, platform, shape, dtype):
         """After loading, the layer holds about the checkpoint's bytes (weights stay quantized)."""
         method = component(self.quant_config)
-        dtype = method.activation_dtypes[0]
         self.require_supported(method, platform, dtype)
         tensors = self.checkpoint(*shape, False, seed=6)
         layer = self.build_layer(component, method, shape, False, dtype, tensors)

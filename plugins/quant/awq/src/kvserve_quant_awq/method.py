@@ -5,10 +5,11 @@ per int32 in AWQ's order), ``qzeros`` (int32 ``[in/group, out/8]``, packed the s
 ``scales`` (float16 ``[in/group, out]``); ``W^T = (q - zero) * scale`` per group of input rows.
 ``modules_to_not_convert`` names modules (by substring, as AutoAWQ matches) left dense.
 
-Weights stay packed (about 4.3 bits a weight). On CPU with a bf16/fp16 model (or fp32 with
-``group_size >= 128``, where the fp32 table stays within 10% of the format's size) they are
-repacked once at load into PyTorch's int4 CPU matmul; otherwise (fp32 with smaller groups,
-other devices: no AWQ GPU kernel here yet) the packed weight is dequantized per matmul.
+Weights stay packed (about 4.3 bits a weight). On CPU with a bf16/fp16 model they are repacked
+once at load into PyTorch's int4 CPU matmul; otherwise the packed weight is dequantized per
+matmul: in fp32 that int4 kernel is a slow fallback beyond one row (measured on SmolLM2-135M
+shapes, one thread: 22-105 ms against 3-5 ms at 8-32 rows), and other devices have no AWQ
+kernel here yet (a Triton AWQ GEMM is future work).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from kvserve_quant_awq.packing import dequantize
 
 GROUP_SIZES = (32, 64, 128)
 PACK = 8  # 4-bit values per int32
+INT4PACK_DTYPES = (torch.bfloat16, torch.float16)
+"""Activation dtypes served by PyTorch's int4 CPU matmul (faster there than dequantizing)."""
 
 
 def _field(config: dict, *names: str):
@@ -77,7 +80,7 @@ class AwqMethod(QuantizationMethod):
 
     def process_weights_after_loading(self, layer) -> None:
         dtype = layer.params_dtype
-        layer.use_int4pack = layer.qweight.device.type == "cpu" and (dtype != torch.float32 or self.group_size >= 128)
+        layer.use_int4pack = layer.qweight.device.type == "cpu" and dtype in INT4PACK_DTYPES
         if not layer.use_int4pack:
             return
         packed, table = repack(layer.qweight.data, layer.qzeros.data, layer.scales.data, dtype)
