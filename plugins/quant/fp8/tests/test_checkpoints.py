@@ -49,7 +49,7 @@ def base(tmp_path_factory):
     return build_tiny_model("llama", tmp_path_factory.mktemp("fp8-base"), randomize_vectors=True)
 
 
-def compressed_tensors_checkpoint(base, out, scheme: str):
+def compressed_tensors_checkpoint(base, out, scheme: str, ignore: list[str]):
     """Quantize ``base`` with compressed-tensors' preset ``scheme`` and save it compressed."""
     ct = pytest.importorskip("compressed_tensors", reason="compressed-tensors makes these checkpoints")
     from compressed_tensors.compressors import ModelCompressor
@@ -59,7 +59,7 @@ def compressed_tensors_checkpoint(base, out, scheme: str):
     model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     scheme_args = ct.quantization.preset_name_to_scheme(scheme, ["Linear"])
     config = QuantizationConfig(
-        config_groups={"group_0": scheme_args}, ignore=["lm_head"], quantization_status=QuantizationStatus.INITIALIZED
+        config_groups={"group_0": scheme_args}, ignore=ignore, quantization_status=QuantizationStatus.INITIALIZED
     )
     apply_quantization_config(model, config)
     per_channel = str(scheme_args.weights.strategy).endswith("channel")
@@ -81,9 +81,13 @@ def compressed_tensors_checkpoint(base, out, scheme: str):
     return out
 
 
-@pytest.mark.parametrize("scheme", ["FP8_DYNAMIC", "FP8"], ids=["per-channel-dynamic", "per-tensor-static"])
-def test_compressed_tensors_checkpoint_matches_hf(base, tmp_path, scheme):
-    path = compressed_tensors_checkpoint(base, tmp_path / scheme, scheme)
+@pytest.mark.parametrize(
+    ("scheme", "ignore"),
+    [("FP8_DYNAMIC", ["lm_head", "re:.*down_proj"]), ("FP8", ["lm_head"])],
+    ids=["per-channel-dynamic-down-proj-ignored", "per-tensor-static"],
+)
+def test_compressed_tensors_checkpoint_matches_hf(base, tmp_path, scheme, ignore):
+    path = compressed_tensors_checkpoint(base, tmp_path / scheme, scheme, ignore)
     weights = load_file(path / "model.safetensors")
     assert weights["model.layers.0.mlp.up_proj.weight"].dtype == torch.float8_e4m3fn
     reference = transformers.AutoModelForCausalLM.from_pretrained(
@@ -94,6 +98,9 @@ def test_compressed_tensors_checkpoint_matches_hf(base, tmp_path, scheme):
     model = llm.engine.model
     layer = model.model.layers[0].self_attn.qkv_proj
     assert layer.weight.dtype == torch.float8_e4m3fn, "weights must stay FP8 in memory"
+    down = model.model.layers[1].mlp.down_proj
+    ignored = weights["model.layers.1.mlp.down_proj.weight"].dtype != torch.float8_e4m3fn
+    assert ignored == (down.quant_method.name == "none") == (len(ignore) > 1), "the ignore list was not honoured"
     resident, stored = linear_bytes(model, path)
     assert abs(resident / stored - 1) <= 0.1, f"resident linear bytes {resident} vs checkpoint {stored}"
 
