@@ -214,17 +214,17 @@ class QuantizationMethodContract(ComponentContract):
                 f"(relative error {error:.3g})"
             )
 
-    def test_fused_layer_loads_each_shard_from_a_checkpoint_file(self, component, platform, shape, tmp_path):
+    def test_fused_layer_loads_each_shard_from_a_checkpoint_file(self, component, platform, shape, dtype, tmp_path):
         """Three projections fused into one ``MergedColumnLinear`` (as q/k/v) load from a safetensors
         file through ``load_checkpoint`` and compute the stacked dequantized shards."""
         from safetensors.torch import load_file, save_file
 
         method = component(self.quant_config)
-        self.require_supported(method, platform, "float32")
+        self.require_supported(method, platform, dtype)
         shards = {name: self.checkpoint(*shape, True, seed=20 + i) for i, name in enumerate("qkv")}
         file = tmp_path / "model.safetensors"
         save_file({f"attn.{s}_proj.{n}": t.contiguous() for s, ts in shards.items() for n, t in ts.items()}, file)
-        with default_dtype(torch.float32):
+        with default_dtype(getattr(torch, dtype)):
             layer = MergedColumnLinear(
                 shape[0], [shape[1]] * 3, True, method, "attn.qkv_proj", [f"attn.{s}_proj" for s in "qkv"]
             )
@@ -233,12 +233,12 @@ class QuantizationMethodContract(ComponentContract):
         holder.attn.qkv_proj = layer
         load_checkpoint(holder, load_file(file).items())
         layer.quant_method.process_weights_after_loading(layer)
-        x = torch.randn(6, shape[0], generator=torch.Generator().manual_seed(5))
+        x = torch.randn(6, shape[0], generator=torch.Generator().manual_seed(5)).to(getattr(torch, dtype))
         with torch.no_grad():
             y = layer(x)
         expected = torch.cat([self.reference(tensors, x) for tensors in shards.values()], dim=-1)
         error = relative_error(y, expected)
-        bound = self.reference_tolerance["float32"] + self.fused_tolerance
+        bound = self.reference_tolerance[dtype] + self.fused_tolerance
         assert error <= bound, (
             f"a fused layer of 3 shards differs from the stacked dequantized shards by {error:.3g} "
             f"(relative), more than {bound}: a shard was loaded into the wrong part of a parameter"
