@@ -2,7 +2,7 @@
 
 SmolLM2-135M's projection shapes, group 64, decode batch sizes 1, 8, 32, per activation dtype;
 the minimum over repetitions (the machine is shared). kvserve-quant-awq keeps the faster per
-dtype: the int4 kernel for bf16/fp16, dequantize-then-matmul for fp32.
+dtype: the int4 kernel for bf16, dequantize-then-matmul for fp16 and fp32.
 """
 
 from __future__ import annotations

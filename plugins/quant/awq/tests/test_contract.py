@@ -6,7 +6,7 @@ from kvserve_quant_awq.contract import AwqContract
 
 
 class TestAwqGroup128(AwqContract):
-    """group_size 128: int4 CPU matmul for bf16/fp16, dequantized per matmul for fp32."""
+    """group_size 128: int4 CPU matmul for bf16, dequantized per matmul for fp16/fp32."""
 
 
 class TestAwqGroup64(AwqContract):

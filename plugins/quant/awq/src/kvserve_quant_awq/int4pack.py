@@ -3,9 +3,9 @@
 Its weight is ``[out, in/2]`` uint8 (two 4-bit values a byte) and its per-group table
 ``[in/group, out, 2]`` holds ``(scale, zero)`` in the activation dtype with the dequantization
 ``w = (q - 8) * scale + zero``; AWQ's ``w = (q - z) * s`` is that with ``zero = (8 - z) * s``.
-Measured on SmolLM2-135M shapes (576x1536, 1536x576, 576x960, group 64, one thread) at 1, 8
-and 32 rows in bf16: 15-80 us at 1-8 rows and 190-310 us at 32, against 2-14 ms to dequantize
-the packed weight and matmul (``benchmarks/awq_cpu_kernels.py``).
+Measured on SmolLM2-135M shapes (576x1536, 1536x576, 576x960, group 64, one thread) in bf16:
+17-80 us at 1-8 rows and 190-310 us at 32, against 1.6-5.8 ms to dequantize the packed weight
+and matmul (``benchmarks/awq_cpu_kernels.py``); in fp16/fp32 it is slower than that from 8 rows.
 """
 
 from __future__ import annotations

@@ -5,11 +5,11 @@ per int32 in AWQ's order), ``qzeros`` (int32 ``[in/group, out/8]``, packed the s
 ``scales`` (float16 ``[in/group, out]``); ``W^T = (q - zero) * scale`` per group of input rows.
 ``modules_to_not_convert`` names modules (by substring, as AutoAWQ matches) left dense.
 
-Weights stay packed (about 4.3 bits a weight). On CPU with a bf16/fp16 model they are repacked
-once at load into PyTorch's int4 CPU matmul; otherwise the packed weight is dequantized per
-matmul: in fp32 that int4 kernel is a slow fallback beyond one row (measured on SmolLM2-135M
-shapes, one thread: 22-105 ms against 3-5 ms at 8-32 rows), and other devices have no AWQ
-kernel here yet (a Triton AWQ GEMM is future work).
+Weights stay packed (about 4.3 bits a weight). On CPU with a bf16 model they are repacked once
+at load into PyTorch's int4 CPU matmul; otherwise the packed weight is dequantized per matmul:
+in fp16/fp32 that int4 kernel is a fallback slower from 8 rows on (SmolLM2-135M shapes, one
+thread, 32 rows: 25-40 ms against 2-24 ms; ``benchmarks/awq_cpu_kernels.py``), and other
+devices have no AWQ kernel here yet (a Triton AWQ GEMM is future work).
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ from kvserve_quant_awq.packing import dequantize
 
 GROUP_SIZES = (32, 64, 128)
 PACK = 8  # 4-bit values per int32
-INT4PACK_DTYPES = (torch.bfloat16, torch.float16)
-"""Activation dtypes served by PyTorch's int4 CPU matmul (faster there than dequantizing)."""
+INT4PACK_DTYPES = (torch.bfloat16,)
+"""Activation dtypes served by PyTorch's int4 CPU matmul: the only one where it is faster than
+dequantizing (fp16 and fp32 run a fallback that is slower from 8 rows on)."""
 
 
 def _field(config: dict, *names: str):
