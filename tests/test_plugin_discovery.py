@@ -73,6 +73,18 @@ def third_party_site(tmp_path_factory):
         import this_dependency_does_not_exist  # noqa: F401
     """,
     )
+    raising = _write_package(
+        root,
+        "raising_hook",
+        """
+        from kvserve import hookimpl
+
+        @hookimpl
+        def register_schedulers(register):
+            register("halfway", "raising_hook.nowhere:Scheduler")
+            raise RuntimeError("registration exploded")
+    """,
+    )
     site = tmp_path_factory.mktemp("site")
     subprocess.run(
         [
@@ -87,6 +99,7 @@ def third_party_site(tmp_path_factory):
             str(site),
             str(good),
             str(broken),
+            str(raising),
         ],
         check=True,
     )
@@ -116,6 +129,11 @@ def test_third_party_model_is_registered_and_used_while_a_broken_plugin_is_repor
     assert (registration.package, registration.version) == ("acme-models", "1.2.3")
     broken = manager.plugins["broken_backend"]
     assert broken.package == "broken-backend" and "this_dependency_does_not_exist" in broken.status
+    raising = manager.plugins["raising_hook"]  # imported fine, then its hook raised: failed, and nothing of it kept
+    assert raising.package == "raising-hook" and raising.status.startswith("failed: register_schedulers raised")
+    assert "registration exploded" in raising.status
+    assert "halfway" not in manager.registry("scheduler").names()
+    assert {"fifo", "priority"} <= set(manager.registry("scheduler").names())
 
     llm = LLM(str(path), max_model_len=64, num_kv_blocks=16)
     from acme_models.model import AcmeLlama
@@ -126,6 +144,8 @@ def test_third_party_model_is_registered_and_used_while_a_broken_plugin_is_repor
 
     with pytest.raises(PluginError, match="broken_backend.*broken-backend.*this_dependency_does_not_exist"):
         LLM(str(path), attention_backend="nope", max_model_len=64, num_kv_blocks=16)
+    with pytest.raises(PluginError, match="unknown scheduler 'halfway'.*raising-hook.*registration exploded"):
+        LLM(str(path), scheduler="halfway", max_model_len=64, num_kv_blocks=16)
 
 
 def test_cli_lists_plugins_with_package_and_status(third_party_site):
@@ -134,7 +154,7 @@ def test_cli_lists_plugins_with_package_and_status(third_party_site):
     assert out.returncode == 0, out.stderr
     assert "acme-models" in out.stdout and "AcmeLlamaForCausalLM" in out.stdout
     assert "kvserve-attention-cpu" in out.stdout and "broken-backend" in out.stdout
-    assert "failed" in out.stdout
+    assert "raising-hook" in out.stdout and "failed" in out.stdout
 
 
 def test_disabled_kind_says_what_to_install(fresh_plugins, tmp_path):

@@ -18,7 +18,7 @@ def request(rid="r", prompt=(1, 2, 3), output=(), **params):
 
 
 def processed(logits, requests):
-    return Sampler(0)._process(logits.clone(), requests, tokenizer=None)
+    return Sampler(0)._process(logits.clone(), requests)[0]
 
 
 def test_repetition_penalty_matches_hf_over_prompt_and_output():
@@ -119,3 +119,83 @@ def test_invalid_combinations_are_refused():
     with pytest.raises(ValueError, match="allowed_token_ids"):
         SamplingParams(allowed_token_ids=[])
     assert SamplingParams(stop="END").stop == ["END"]
+
+
+def test_top_k_holds_in_a_mixed_batch_beside_a_row_without_top_k():
+    # Issue 9: with another row at top_k=0 and no top_p, the top_k row used to sample the whole vocabulary.
+    logits = torch.zeros(1, VOCAB)
+    logits[0, :3] = torch.tensor([3.0, 2.9, 2.8])
+    rows = [request(f"k{i}", top_k=2) if i % 2 == 0 else request(f"all{i}") for i in range(400)]
+    tokens = Sampler(0)(logits.repeat(len(rows), 1), rows).tokens
+    assert set(tokens[0::2]) == {0, 1}
+    assert len(set(tokens[1::2])) > 2  # the unfiltered rows still range over the vocabulary
+
+
+def test_seeded_tokens_do_not_depend_on_neighbours_width_sorting_or_batch_size():
+    torch.manual_seed(3)
+    vocab = 50
+    logits = torch.randn(1, vocab)
+
+    def run(neighbours, steps=8):
+        sampler = Sampler(7)
+        position = len(neighbours) // 2
+        rows = neighbours[:position] + [request("s", seed=1234, top_k=20)] + neighbours[position:]
+        return [sampler(logits.repeat(len(rows), 1), rows).tokens[position] for _ in range(steps)]
+
+    alone = run([])
+    assert run([request("p", top_p=0.5), request("k", top_k=7)]) == alone
+    assert run([request(f"o{i}", top_k=i % 9, top_p=1.0 if i % 3 else 0.8) for i in range(63)]) == alone
+    assert run([request("big", top_k=45)]) == alone  # a wider top-k in the batch: same noise
+
+
+def test_top_k_beyond_the_vocabulary_is_clamped():
+    logits = torch.randn(4, VOCAB)
+    rows = [request(f"r{i}", top_k=2**63 + i, seed=i) for i in range(4)]
+    assert len(Sampler(0)(logits, rows).tokens) == 4
+
+
+def test_a_failing_logits_processor_fails_only_its_row():
+    def broken(output_ids, row):
+        raise RuntimeError("boom")
+
+    logits = torch.randn(2, VOCAB)
+    rows = [request("bad", logits_processors=[broken]), request("good", temperature=0.0)]
+    out = Sampler(0)(logits, rows)
+    assert list(out.errors) == [0] and "RuntimeError: boom" in out.errors[0]
+    assert out.tokens[1] == int(logits[1].argmax())
+
+
+@pytest.mark.parametrize(
+    "fields,name",
+    [
+        ({"seed": 2**64}, "seed"),
+        ({"seed": -(2**63) - 1}, "seed"),
+        ({"seed": 2**63 - 2, "n": 3}, "seed"),
+        ({"temperature": float("inf")}, "temperature"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"top_p": float("nan")}, "top_p"),
+        ({"presence_penalty": float("nan")}, "presence_penalty"),
+        ({"repetition_penalty": float("inf")}, "repetition_penalty"),
+        ({"logit_bias": {1: float("nan")}}, "logit_bias"),
+    ],
+)
+def test_out_of_range_numbers_are_refused_naming_the_field(fields, name):
+    with pytest.raises(ValueError, match=name):
+        SamplingParams(**fields)
+
+
+def test_tiny_temperatures_are_greedy():
+    assert SamplingParams(temperature=1e-6).greedy and not SamplingParams(temperature=1e-4).greedy
+    assert SamplingParams(seed=2**63 - 3, n=3).seed == 2**63 - 3
+
+
+def test_every_filter_holds_for_its_rows_in_one_mixed_batch():
+    logits = torch.log(torch.tensor([[0.5, 0.25, 0.15, 0.1] + [1e-9] * (VOCAB - 4)]))
+    kinds = [({"top_k": 2}, {0, 1}), ({"top_p": 0.7}, {0, 1}), ({"min_p": 0.35}, {0, 1}),
+             ({"top_k": 3, "top_p": 0.7}, {0, 1}), ({"top_k": 3}, {0, 1, 2}), ({}, None)]  # fmt: skip
+    # Every other round of kinds seeded, each row with its own seed.
+    rows = [request(f"r{i}", seed=i if (i // len(kinds)) % 2 else None, **kinds[i % len(kinds)][0]) for i in range(600)]
+    tokens = Sampler(0)(logits.repeat(len(rows), 1), rows).tokens
+    for k, (params, support) in enumerate(kinds):
+        drawn = set(tokens[k :: len(kinds)])
+        assert drawn == support if support is not None else {0, 1, 2, 3} <= drawn, params

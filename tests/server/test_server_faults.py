@@ -15,6 +15,7 @@ import openai
 import pytest
 
 from kvserve.config import EngineConfig
+from kvserve.config_sources import load_config
 from kvserve.engine.async_llm import AsyncLLM
 
 MODEL = "tiny"
@@ -108,6 +109,39 @@ MALFORMED = [
     ("/v1/completions", {"prompt": "x", "stream_options": {"include_usage": True}}, 400, "stream_options"),
     ("/v1/completions", {"prompt": []}, 400, "prompt"),
     ("/v1/completions", {"prompt": [[5, 999999]]}, 400, "prompt"),
+    # Issue 9's requests: each once stopped the engine, the process or sampled garbage; now a 400 at the door.
+    ("/v1/completions", {"prompt": "x", "seed": 18446744073709551616}, 400, "seed"),
+    ("/v1/completions", {"prompt": "x", "top_k": 9223372036854775808}, 400, "top_k"),
+    ("/v1/completions", {"prompt": "x", "stop_token_ids": [1000000000], "min_tokens": 1}, 400, "stop_token_ids"),
+    ("/v1/completions", {"prompt": "x", "n": 20000}, 400, "n"),
+    ("/v1/completions", {"prompt": [[-1]]}, 400, "prompt"),
+    ("/v1/completions", b'{"prompt": "x", "temperature": 1e400}', 400, "temperature"),
+    # Their neighbours.
+    ("/v1/completions", {"prompt": [[-1]], "echo": True}, 400, "prompt"),  # checked before echo decodes it
+    ("/v1/completions", {"prompt": "x", "seed": 2**63 - 1, "n": 2}, 400, "seed"),  # seed + 1 overflows int64
+    ("/v1/completions", {"prompt": "x", "top_k": 385}, 400, "top_k"),  # the tiny vocabulary is 384
+    ("/v1/completions", b'{"prompt": "x", "top_p": NaN}', 400, "top_p"),
+    ("/v1/completions", b'{"prompt": "x", "presence_penalty": -Infinity}', 400, "presence_penalty"),
+    ("/v1/completions", {"prompt": "x", "logit_bias": {"5": 1e308 * 10}}, 400, "logit_bias"),
+    ("/v1/completions", {"prompt": "x", "logit_bias": {"384": 1}}, 400, "logit_bias"),
+    ("/v1/completions", {"prompt": "x", "logit_bias": {"٥": 1}}, 400, "logit_bias"),  # an Arabic-Indic 5
+    ("/v1/completions", {"prompt": "x", "allowed_token_ids": [-5]}, 400, "allowed_token_ids"),
+    ("/v1/completions", {"prompt": ["x"] * 65}, 400, "n"),  # 65 sequences, over max_sequences_per_request
+    ("/v1/completions", {"prompt": ["x"] * 22, "n": 3}, 400, "n"),
+    ("/v1/completions", {"prompt": "x", "stop": ["s"] * 33}, 400, "stop"),
+    ("/v1/completions", {"prompt": "x", "stop": "s" * 1025}, 400, "stop"),
+    ("/v1/completions", {"prompt": "x", "bad_words": ["w"] * 129}, 400, "bad_words"),
+    ("/v1/completions", {"prompt": "x", "bad_words": [""]}, 400, "bad_words"),
+    ("/v1/completions", {"prompt": "x", "priority": 2**70}, 400, "priority"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": -(2**64)}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "x", "best_of": 3}, 400, "best_of"),
+    ("/v1/completions", {"prompt": "x", "suffix": "and then"}, 400, "suffix"),
+    ("/v1/chat/completions", {**CHAT, "n": 20000}, 400, "n"),
+    ("/v1/chat/completions", {**CHAT, "seed": -(2**63) - 1}, 400, "seed"),
+    ("/v1/chat/completions", {**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
+    ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_object"}}, 400, "response_format"),
+    ("/v1/chat/completions", {**CHAT, "tool_choice": "required"}, 400, "tool_choice"),
+    ("/v1/chat/completions", {**CHAT, "reasoning_effort": "high"}, 400, "reasoning_effort"),
     ("/v1/completions", {"prompt": "x", "model": "gpt-4o"}, 404, "model"),
     ("/v1/chat/completions", {"model": MODEL, "messages": []}, 422, "messages"),
     ("/v1/chat/completions", {"model": MODEL, "messages": "hello"}, 422, "messages"),
@@ -157,17 +191,25 @@ def test_official_client_raises_the_matching_errors(client: openai.OpenAI) -> No
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": 42}])
 
 
-def test_requests_over_the_concurrency_limit_get_429(tiny_llm: AsyncLLM, make_server) -> None:
+def test_sequences_over_the_concurrency_limit_get_429(tiny_llm: AsyncLLM, make_server) -> None:
     body = {"model": MODEL, "prompt": "Hold on", "max_tokens": 1000, "ignore_eos": True, "stream": True}
-    with make_server(tiny_llm, max_concurrent_requests=2) as limited, httpx.Client(base_url=limited.url) as http:
-        with http.stream("POST", "/v1/completions", json=body), http.stream("POST", "/v1/completions", json=body):
+    fields = {"max_concurrent_sequences": 4, "max_sequences_per_request": 3}
+    with make_server(tiny_llm, **fields) as limited, httpx.Client(base_url=limited.url) as http:
+        # One request of n=2 and another of two prompts hold all four sequences.
+        with (
+            http.stream("POST", "/v1/completions", json={**body, "n": 2}),
+            http.stream("POST", "/v1/completions", json={**body, "prompt": ["a", "b"]}),
+        ):
             refused = http.post("/v1/completions", json={"model": MODEL, "prompt": "x"})
             assert refused.status_code == 429 and refused.json()["error"]["type"] == "rate_limit_error"
+            assert "4 of 4" in refused.json()["error"]["message"]
         deadline = time.monotonic() + 5
-        while (response := http.post("/v1/completions", json={"model": MODEL, "prompt": "x"})).status_code == 429:
+        while (
+            response := http.post("/v1/completions", json={"model": MODEL, "prompt": "x", "n": 3})
+        ).status_code == 429:
             assert time.monotonic() < deadline, "slots were not released"
             time.sleep(0.05)
-        assert response.status_code == 200
+        assert response.status_code == 200 and len(response.json()["choices"]) == 3
 
 
 def test_api_key_is_required_except_for_health(tiny_llm: AsyncLLM, make_server) -> None:
@@ -216,3 +258,51 @@ def test_dead_engine_answers_503(tiny_model_dir: Path, make_server, monkeypatch:
             assert http.post("/v1/chat/completions", json=CHAT).status_code == 503
     finally:
         llm.shutdown()
+
+
+@pytest.mark.parametrize("source", ["config", "env"])
+def test_an_empty_api_key_means_no_key(tiny_llm: AsyncLLM, make_server, source: str) -> None:
+    key = ""
+    if source == "env":  # KVSERVE_API_KEY= set but empty, as a deployment template leaves it
+        key = load_config(environ={"KVSERVE_API_KEY": ""}).server.api_key
+        assert key is None
+    with make_server(tiny_llm, api_key=key) as open_server, httpx.Client(base_url=open_server.url) as http:
+        assert http.get("/v1/models").status_code == 200
+        assert http.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 1}).status_code == 200
+
+
+def test_a_long_tokenize_does_not_stall_a_stream(server, http: httpx.Client, tiny_llm: AsyncLLM) -> None:
+    text = ("The quick brown fox, une école, 狐狸 🦊. " * 30000)[:1_000_000]  # ~1 MB; seconds to tokenize
+    began = time.monotonic()
+    expected_count = len(tiny_llm.tokenizer.encode(text))
+    alone = time.monotonic() - began
+    tokenized: list[float] = []
+
+    def tokenize() -> None:
+        started = time.monotonic()
+        response = http.post("/tokenize", json={"prompt": text})
+        tokenized.extend([started, time.monotonic()])
+        assert response.status_code == 200 and response.json()["count"] == expected_count
+
+    arrivals = []  # n=8 makes each step slower, so the stream outlasts the tokenization
+    body = {"model": MODEL, "prompt": "A stream", "max_tokens": 1000, "ignore_eos": True, "stream": True, "n": 8}
+    with httpx.Client(base_url=server.url, timeout=60) as streamer:
+        with streamer.stream("POST", "/v1/completions", json=body) as response:
+            lines = response.iter_lines()
+            worker = threading.Thread(target=tokenize)
+            for line in lines:
+                if not line.startswith("data: {"):
+                    continue
+                arrivals.append(time.monotonic())
+                if len(arrivals) == 5:
+                    worker.start()
+                if tokenized:
+                    break  # the tokenize answered; the stream's disconnect aborts the rest
+            worker.join()
+    start, end = tokenized
+    assert arrivals[-1] >= end, "the stream ended before the tokenize did: nothing measured"
+    during = [t for t in arrivals if start <= t <= end]
+    gaps = [b - a for a, b in zip([start, *during], [*during, end])]
+    print(f"tokenize alone {alone:.2f}s, over HTTP {end - start:.2f}s; {len(during)} chunks meanwhile, "
+          f"longest gap {max(gaps):.3f}s")  # fmt: skip
+    assert len(during) >= 20 and max(gaps) < alone / 3, "the stream stalled while /tokenize ran"

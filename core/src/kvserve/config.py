@@ -4,7 +4,18 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ByteSize, ConfigDict, Field, PositiveFloat, PositiveInt, SecretStr, ValidationError
+from pydantic import (
+    BaseModel,
+    ByteSize,
+    ConfigDict,
+    Field,
+    PositiveFloat,
+    PositiveInt,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from kvserve.errors import ConfigError
 
@@ -34,6 +45,9 @@ class CacheConfig(_Section):
 class SchedulerConfig(_Section):
     scheduler: str = AUTO
     max_num_seqs: PositiveInt = 128
+    max_n: PositiveInt = Field(
+        128, description="Most completions one request may ask for (n per prompt); the server also caps n x prompts"
+    )
     max_num_batched_tokens: PositiveInt = 2048
     enable_chunked_prefill: bool = True
 
@@ -59,11 +73,36 @@ class ServerConfig(_Section):
 
     host: str = Field("127.0.0.1", description="Interface to bind; loopback only unless set")
     port: int = Field(8000, ge=0, le=65535, description="0: any free port")
-    api_key: SecretStr | None = Field(None, description="When set, requests need 'Authorization: Bearer <key>'")
+    api_key: SecretStr | None = Field(
+        None, description="When set, requests need 'Authorization: Bearer <key>'; empty: no key needed"
+    )
     served_model_name: str | None = Field(None, description="The model name clients use; None: from the model")
-    max_concurrent_requests: PositiveInt = Field(256, description="Generation requests in flight; more get 429")
+    max_concurrent_sequences: PositiveInt = Field(
+        256, description="Sequences (n x prompts, over all generation requests) in flight; a request over it gets 429"
+    )
+    max_sequences_per_request: PositiveInt = Field(64, description="n x prompts of one request; more is a 400")
+    max_stop_strings: PositiveInt = Field(32, description="Entries of 'stop' in one request; more is a 400")
+    max_stop_string_length: PositiveInt = Field(1024, description="Characters of one 'stop' string; longer is a 400")
+    max_bad_words: PositiveInt = Field(128, description="Entries of 'bad_words' in one request; more is a 400")
+    max_bad_word_length: PositiveInt = Field(256, description="Characters of one 'bad_words' entry; longer is a 400")
     max_request_body_bytes: ByteSize = Field(ByteSize(2 * 1024 * 1024), gt=0, description="Larger bodies get 413")
     shutdown_timeout: PositiveFloat = Field(30.0, description="Seconds in-flight requests get to finish on shutdown")
+
+    @field_validator("api_key", mode="before")
+    @classmethod
+    def _empty_key_is_no_key(cls, value: Any) -> Any:
+        # KVSERVE_API_KEY= (set but empty) must not turn auth on with an empty key.
+        secret = value.get_secret_value() if isinstance(value, SecretStr) else value
+        return None if isinstance(secret, str) and not secret.strip() else value
+
+    @model_validator(mode="after")
+    def _one_request_fits_the_server(self) -> ServerConfig:
+        if self.max_sequences_per_request > self.max_concurrent_sequences:
+            raise ValueError(
+                f"max_sequences_per_request ({self.max_sequences_per_request}) must not exceed "
+                f"max_concurrent_sequences ({self.max_concurrent_sequences}): such a request could never run"
+            )
+        return self
 
 
 class EngineConfig(_Section):

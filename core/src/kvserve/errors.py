@@ -21,6 +21,19 @@ class CapacityError(KvserveError):
     """A request can never fit in the engine (prompt longer than max_model_len or the KV cache)."""
 
 
+class EngineDeadError(KvserveError, RuntimeError):
+    """The engine stopped (its batch failed, or it was shut down); every pending and later request gets this."""
+
+
+class RequestError(KvserveError, RuntimeError):
+    """One request failed inside the engine (its logits processor, its detokenization, ...) and was
+    finished with ``finish_reason="abort"``; the other requests went on. ``output`` is its last output."""
+
+    def __init__(self, message: str, output: object = None) -> None:
+        super().__init__(message)
+        self.output = output
+
+
 class WeightLoadError(KvserveError, ValueError):
     """A checkpoint tensor does not fit the model (no place for it, wrong shape, or missing);
     the message names the tensor."""

@@ -63,6 +63,8 @@ class RequestOutput:
     finished: bool = False
     prompt_logprobs: list[TokenLogprobs | None] | None = None
     metrics: RequestMetrics | None = None
+    error: str | None = None
+    """Why the engine failed this request (its completions then finish with ``"abort"``); None if it did not."""
 
     @property
     def num_generated_tokens(self) -> int:

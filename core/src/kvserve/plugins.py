@@ -52,7 +52,6 @@ class PluginManager:
         self.pm.add_hookspecs(hookspecs)
         self.plugins: dict[str, PluginInfo] = {}
         self.registries: dict[str, Registry[Any]] = {kind: Registry(kind) for kind in KINDS}
-        self._packages: dict[str, tuple[str, str]] = {}
 
     def discover(self) -> None:
         """Import every allowed entry point; a failing one is recorded, not raised."""
@@ -74,20 +73,36 @@ class PluginManager:
             self.add_plugin(module, ep.name, package, version)
 
     def add_plugin(self, module: object, name: str, package: str, version: str) -> None:
-        """Register an already imported plugin module (used by discovery and by tests)."""
-        self.pm.register(module, name=name)
-        self.plugins[name] = PluginInfo(name, package, version, "loaded")
-        self._packages[name] = (package, version)
+        """Register an already imported plugin module (used by discovery and by tests).
+
+        Its components are added only if every one of its ``register_*`` hooks returns; a hook
+        that raises marks the plugin failed (naming the hook) and leaves every other plugin as it was.
+        """
+        try:
+            self.pm.register(module, name=name)  # pluggy checks the hook signatures here
+        except Exception as exc:
+            self.plugins[name] = PluginInfo(name, package, version, f"failed: {exc!r}")
+            return
+        registrations: list[Registration] = []
         for kind in KINDS:
-            for impl in getattr(self.pm.hook, f"register_{kind}s").get_hookimpls():
-                if impl.plugin_name == name:
-                    impl.function(register=self._register_callback(kind, name))
+            hook = f"register_{kind}s"
+            for impl in getattr(self.pm.hook, hook).get_hookimpls():
+                if impl.plugin_name != name:
+                    continue
+                try:
+                    impl.function(register=self._register_callback(kind, name, package, version, registrations))
+                except Exception as exc:  # a broken plugin must not take down the others
+                    self.pm.unregister(module, name=name)
+                    self.plugins[name] = PluginInfo(name, package, version, f"failed: {hook} raised {exc!r}")
+                    return
+        self.plugins[name] = PluginInfo(name, package, version, "loaded")
+        for registration in registrations:
+            self.registries[registration.kind].add(registration)
 
-    def _register_callback(self, kind: str, plugin: str):
-        package, version = self._packages[plugin]
-
+    @staticmethod
+    def _register_callback(kind: str, plugin: str, package: str, version: str, into: list[Registration]):
         def register(name: str, target: str, api_version: int = 1, **facts: Any):
-            self.registries[kind].add(Registration(kind, name, target, plugin, package, version, api_version, facts))
+            into.append(Registration(kind, name, target, plugin, package, version, api_version, facts))
 
         return register
 
@@ -95,7 +110,7 @@ class PluginManager:
         return self.registries[kind]
 
     def failed_plugins(self) -> str:
-        """A one-line summary of the plugins that failed to import ("" when none did)."""
+        """A one-line summary of the plugins that failed to import or register ("" when none did)."""
         failed = [p for p in self.plugins.values() if p.status.startswith("failed")]
         return "; ".join(f"{p.name!r} (package {p.package}) {p.status}" for p in failed)
 
@@ -109,12 +124,12 @@ def get_plugin_manager() -> PluginManager:
 
 
 def load_component(kind: str, name: str) -> Any:
-    """Import a registered component; a not-found error also names plugins that failed to import."""
+    """Import a registered component; a not-found error also names plugins that failed to load."""
     manager = get_plugin_manager()
     try:
         return manager.registry(kind).load(name)
     except UnknownComponentError as exc:
         failed = manager.failed_plugins()
         if failed:
-            raise UnknownComponentError(f"{exc}; plugins that failed to import: {failed}") from exc
+            raise UnknownComponentError(f"{exc}; plugins that failed to load: {failed}") from exc
         raise

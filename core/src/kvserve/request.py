@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 
 from kvserve.sampling_params import SamplingParams
+from kvserve.stopping import token_stop
 
 
 class RequestStatus(enum.Enum):
@@ -48,6 +49,8 @@ class Request:
     num_preemptions: int = 0
     status: RequestStatus = RequestStatus.WAITING
     stop_reason: int | None = None
+    bad_words_token_ids: list[list[int]] = field(default_factory=list)
+    """``sampling_params.bad_words`` as token sequences (tokenized and checked when the request is added)."""
 
     @property
     def num_tokens(self) -> int:
@@ -67,12 +70,9 @@ class Request:
         return (self.prompt_token_ids + self.output_token_ids)[start:end]
 
     def append_token(self, token_id: int, max_model_len: int) -> None:
-        """Add a sampled token and finish the request if a stop condition holds."""
+        """Add a sampled token and finish the request if a token stop rule holds (see kvserve.stopping)."""
         self.output_token_ids.append(token_id)
-        params = self.sampling_params
-        if token_id in params.stop_token_ids:
-            self.status, self.stop_reason = RequestStatus.FINISHED_STOPPED, token_id
-        elif token_id in self.eos_token_ids and not params.ignore_eos:
-            self.status = RequestStatus.FINISHED_STOPPED
-        elif len(self.output_token_ids) >= (params.max_tokens or max_model_len) or self.num_tokens >= max_model_len:
-            self.status = RequestStatus.FINISHED_LENGTH
+        stop = token_stop(self, max_model_len)
+        if stop is not None:
+            reason, self.stop_reason = stop
+            self.status = RequestStatus.FINISHED_STOPPED if reason == "stop" else RequestStatus.FINISHED_LENGTH

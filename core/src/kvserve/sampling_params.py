@@ -7,6 +7,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+GREEDY_TEMPERATURE = 1e-5
+"""Temperatures below this are greedy (vLLM's ``_SAMPLING_EPS``): dividing by them would overflow."""
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
 LogitsProcessor = Callable[..., Any]
 """``fn(output_token_ids, logits) -> logits`` or ``fn(prompt_token_ids, output_token_ids, logits) -> logits``,
 applied to one request's float32 logits row before penalties and temperature."""
@@ -15,21 +19,28 @@ applied to one request's float32 logits row before penalties and temperature."""
 class SamplingParams(BaseModel):
     """How to pick each next token, when to stop, and what to report.
 
-    ``temperature=0`` is greedy decoding. Invalid values or combinations raise a
-    ``ValueError`` naming the field.
+    ``temperature`` below ``1e-5`` (0 included) is greedy decoding, as in vLLM. Every float must
+    be finite (NaN and infinities are rejected); ``seed`` and ``seed + n - 1`` lie within int64;
+    ``top_k`` above the vocabulary size is clamped to it (the same as no top-k). Token ids are
+    checked against the model's vocabulary by the engine (``LLMEngine.validate_prompt``).
+    Invalid values or combinations raise a ``ValueError`` naming the field.
     """
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, arbitrary_types_allowed=True)
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, arbitrary_types_allowed=True, allow_inf_nan=False
+    )
 
     n: int = Field(1, ge=1, description="Completions per prompt; the prompt's KV blocks are shared")
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=-1, description="0 or -1: no top-k filtering")
+    top_k: int = Field(0, ge=-1, description="0 or -1: no top-k filtering; above the vocabulary: clamped to it")
     min_p: float = Field(0.0, ge=0.0, le=1.0)
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     repetition_penalty: float = Field(1.0, gt=0.0)
-    seed: int | None = Field(None, description="Per-request seed: the same output whatever the batch")
+    seed: int | None = Field(
+        None, ge=INT64_MIN, le=INT64_MAX, description="Per-request seed: the same output whatever the batch"
+    )
     max_tokens: int | None = Field(16, ge=1, description="None: until EOS or max_model_len")
     min_tokens: int = Field(0, ge=0, description="EOS, stop tokens and stop strings are ignored before this")
     stop: list[str] = Field(default_factory=list)
@@ -83,11 +94,13 @@ class SamplingParams(BaseModel):
             raise ValueError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
         if self.detokenize is False and self.stop:
             raise ValueError("stop strings need detokenize=True")
+        if self.seed is not None and self.seed + self.n - 1 > INT64_MAX:
+            raise ValueError(f"seed: seed + n - 1 ({self.seed + self.n - 1}) exceeds int64 (sequence i uses seed + i)")
         return self
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_TEMPERATURE
 
     @property
     def uses_penalties(self) -> bool:

@@ -39,4 +39,6 @@ def generate(
         completion = output.outputs[0]
         console.print(f"[bold]>>> {prompt}[/bold]")
         console.print(completion.text.strip(), markup=False, highlight=False)
+        if output.error is not None:
+            console.print(f"[red]request failed: {output.error}[/red]", highlight=False)
         console.print(f"[dim]({len(completion.token_ids)} tokens, finish_reason={completion.finish_reason})[/dim]\n")

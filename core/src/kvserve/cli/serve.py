@@ -21,7 +21,9 @@ def serve(
         str | None, typer.Option(help="Require 'Authorization: Bearer KEY' (prefer env KVSERVE_API_KEY: not in ps).")
     ] = None,
     served_model_name: Annotated[str | None, typer.Option(help="The model name clients send.")] = None,
-    max_concurrent_requests: Annotated[int | None, typer.Option(help="More in flight get 429 (default: 256).")] = None,
+    max_concurrent_sequences: Annotated[
+        int | None, typer.Option(help="Sequences (n x prompts) in flight; more get 429 (default: 256).")
+    ] = None,
     max_model_len: Annotated[int | None, typer.Option(help="Context length (default: the model's).")] = None,
     max_num_seqs: Annotated[int | None, typer.Option(help="Sequences per batch (default: 128).")] = None,
     dtype: Annotated[str | None, typer.Option(help="auto, float32, bfloat16 or float16.")] = None,
@@ -38,7 +40,7 @@ def serve(
 
     config = resolve_config(
         config_file, assignments, model=model, host=host, port=port, api_key=api_key,
-        served_model_name=served_model_name, max_concurrent_requests=max_concurrent_requests,
+        served_model_name=served_model_name, max_concurrent_sequences=max_concurrent_sequences,
         max_model_len=max_model_len, max_num_seqs=max_num_seqs, dtype=dtype,
     )  # fmt: skip
     run_server(config, log_level=log_level)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -14,15 +14,16 @@ from transformers import GenerationConfig
 
 from kvserve.config import AUTO, EngineConfig
 from kvserve.engine import components
-from kvserve.engine.model_runner import ModelRunner
+from kvserve.engine.model_runner import ModelRunner, StepLogits
 from kvserve.engine.output_processor import RequestState, SequenceState
-from kvserve.engine.sampler import Sampler, top_logprobs
+from kvserve.engine.sampler import Sampler, SamplerOutput, top_logprobs
 from kvserve.engine.stats import EngineStats, StatLogger
-from kvserve.errors import CapacityError, ConfigError
-from kvserve.interfaces import QuantizationMethod
+from kvserve.engine.validation import check_request
+from kvserve.errors import ConfigError, EngineDeadError
+from kvserve.interfaces import QuantizationMethod, SchedulerOutput
 from kvserve.layers import LinearBase, UnquantizedLinearMethod
 from kvserve.logging_setup import configure_logging
-from kvserve.outputs import RequestOutput
+from kvserve.outputs import RequestOutput, TokenLogprobs
 from kvserve.plugins import load_component
 from kvserve.request import Request, RequestStatus
 from kvserve.sampling_params import SamplingParams
@@ -75,6 +76,8 @@ class LLMEngine:
         self.sequences: dict[str, tuple[RequestState, SequenceState]] = {}
         """Scheduler-level requests (one per completion) by id."""
         self.stat_logger = StatLogger()
+        self.dead_error: Exception | None = None
+        """What stopped the engine (a failed step); None while it runs."""
         logger.info(
             "kvserve engine: model=%s platform=%s dtype=%s attention_backend=%s scheduler=%s "
             "kv_cache_manager=%s block_size=%d num_kv_blocks=%d (%d tokens) max_model_len=%d",
@@ -170,8 +173,8 @@ class LLMEngine:
         """
         if request_id in self.states:
             raise ValueError(f"request_id: {request_id!r} is already in use")
-        self.validate_prompt(prompt_token_ids, params)
-        # n > 1: the leader prefills the prompt; followers join when it is done (see _fork_followers).
+        bad_words = self._check_request(prompt_token_ids, params)
+        # n > 1: the leader prefills the prompt; followers join when it is done (see _fork).
         sequences = [
             Request(
                 request_id if i == 0 else f"{request_id}#{i}",
@@ -180,6 +183,7 @@ class LLMEngine:
                 self.eos_token_ids,
                 priority=priority,
                 cache_salt=cache_salt,
+                bad_words_token_ids=bad_words,
             )
             for i in range(params.n)
         ]
@@ -190,23 +194,23 @@ class LLMEngine:
         self.scheduler.add_request(sequences[0])
 
     def validate_prompt(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """Raise a ValueError naming the field if this prompt can never be served."""
-        if not prompt_token_ids:
-            raise ValueError("prompt: empty prompt")
-        vocab = self.hf_config.vocab_size
-        bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"prompt_token_ids: {bad[:5]} outside the vocabulary [0, {vocab})")
-        for field, ids in (("allowed_token_ids", params.allowed_token_ids or []), ("logit_bias", params.logit_bias)):
-            bad = [t for t in ids if not 0 <= t < vocab]
-            if bad:
-                raise ValueError(f"{field}: token ids {bad[:5]} outside the vocabulary [0, {vocab})")
-        needed = len(prompt_token_ids) + (params.max_tokens or 1)
-        if len(prompt_token_ids) >= self.max_model_len or needed > self.max_model_len and params.max_tokens:
-            raise CapacityError(
-                f"max_tokens: prompt ({len(prompt_token_ids)} tokens) + max_tokens ({params.max_tokens}) "
-                f"exceeds max_model_len={self.max_model_len}"
-            )
+        """Raise naming the field if this request can never be served: a ValueError for a token id
+        outside the vocabulary (prompt, ``stop_token_ids``, ``allowed_token_ids``, ``logit_bias``,
+        tokenized ``bad_words``) or ``n`` above ``max_n``, a CapacityError for
+        too long a request, EngineDeadError once the engine has stopped. Nothing decodes the prompt."""
+        self._check_request(prompt_token_ids, params)
+
+    def _check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> list[list[int]]:
+        """:meth:`validate_prompt`; returns the bad words as token ids."""
+        self._check_alive()
+        return check_request(
+            prompt_token_ids,
+            params,
+            vocab_size=self.hf_config.vocab_size,
+            max_model_len=self.max_model_len,
+            max_n=self.config.scheduler.max_n,
+            tokenizer=self.tokenizer,
+        )
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request now and free all its KV blocks (unknown ids are ignored)."""
@@ -220,54 +224,98 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return bool(self.states)
 
+    # -- the step ---------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Run one batched step; outputs of the requests that changed, per their ``output_kind``."""
-        plan = self.scheduler.schedule()
+        """Run one batched step: schedule -> execute -> sample -> update -> outputs, of the requests
+        that changed, per their ``output_kind``.
+
+        A failure that belongs to one request (its logits processor, its detokenization, ...)
+        finishes that request with ``finish_reason="abort"`` and ``RequestOutput.error`` and frees
+        its blocks; the others go on. A failure of the batch itself (the forward pass) stops the
+        engine: every request is dropped and this and every later call raise EngineDeadError.
+        """
+        self._check_alive()
+        try:
+            plan = self.scheduler.schedule()
+            if not plan.scheduled:
+                self.stat_logger.record_step(0, 0, len(plan.preempted))
+                return []
+            self._mark_scheduled(plan)
+            step = self.runner.execute(plan)
+            owners, rows = self._sampling_rows(plan, step)
+            sampled = self.sampler(step.logits[rows], owners)
+            changed = self._update(plan, step, owners, sampled)
+            self._record_step(plan, len(owners))
+            return self._outputs(changed)
+        except Exception as exc:
+            self._die(exc)
+            raise EngineDeadError(f"the engine stopped: its step failed with {type(exc).__name__}: {exc}") from exc
+
+    def _mark_scheduled(self, plan: SchedulerOutput) -> None:
         now = time.monotonic()
-        if not plan.scheduled:
-            self.stat_logger.record_step(0, 0, len(plan.preempted))
-            return []
         for item in plan.scheduled:
             state, _ = self.sequences[item.request.request_id]
             if state.metrics.first_scheduled_time is None:
                 state.metrics.first_scheduled_time = now
-        step = self.runner.execute(plan)
-        self._record_prompt_logprobs(plan, step)
 
+    def _sampling_rows(self, plan: SchedulerOutput, step: StepLogits) -> tuple[list[Request], list[int]]:
+        """Who samples a token now, and from which logits row: the requests whose chunk completes
+        their sequence, then the followers of a leader that just finished its prompt (its row)."""
         completing = [plan.scheduled[i].request for i in step.completing]
-        rows, owners = list(range(len(completing))), list(completing)
+        owners, rows = list(completing), list(range(len(completing)))
         for row, request in enumerate(completing):
             for follower in self._followers_ready(request):
-                rows.append(row)
                 owners.append(follower)
-        sampled = self.sampler(step.logits[rows], owners, self.tokenizer)
-        tokens = dict(zip([id(r) for r in owners], sampled.tokens))
-        logprobs = dict(zip([id(r) for r in owners], sampled.logprobs or [None] * len(owners)))
+                rows.append(row)
+        return owners, rows
 
-        # Followers fork before the update, which could free a leader that finishes right away.
-        for follower in owners[len(completing) :]:
-            self._fork(follower, tokens[id(follower)])
-        self.scheduler.update(plan, [tokens.get(id(item.request), -1) for item in plan.scheduled])
-
+    def _update(
+        self, plan: SchedulerOutput, step: StepLogits, owners: list[Request], sampled: SamplerOutput
+    ) -> dict[str, RequestState]:
+        """Book the sampled tokens: failed requests first, then forks, the scheduler, the outputs."""
         changed: dict[str, RequestState] = {}
+        for row, error in sampled.errors.items():
+            entry = self.sequences.get(owners[row].request_id)
+            if entry is not None:  # else another of its sequences failed it already
+                self._fail(entry[0], error)
+                changed[entry[0].request_id] = entry[0]
+        self._record_prompt_logprobs(plan, step)
+        tokens = dict(zip(map(id, owners), sampled.tokens))
+        logprobs = dict(zip(map(id, owners), sampled.logprobs or [None] * len(owners)))
+        # Followers fork before the update, which could free a leader that finishes right away.
+        for follower in owners[len(step.completing) :]:
+            if follower.request_id in self.sequences:
+                self._fork(follower, tokens[id(follower)])
+        self.scheduler.update(plan, [tokens.get(id(item.request), -1) for item in plan.scheduled])
         for request in owners:
-            state, seq = self.sequences[request.request_id]
-            if state.metrics.first_token_time is None:
-                state.metrics.first_token_time = time.monotonic()
-            stop = seq.add_token(request.output_token_ids[-1], logprobs[id(request)])
-            if stop is not None and not request.status.finished:
-                self.scheduler.abort_request(request.request_id)
-                request.status = RequestStatus.FINISHED_STOPPED
-                seq.finish("stop", stop)
-            elif request.status.finished:
-                seq.finish(request.status.finish_reason, request.stop_reason)
-            if seq.finish_reason is not None:
-                self._release(request)
+            entry = self.sequences.get(request.request_id)
+            if entry is None:
+                continue  # its request failed above
+            state, seq = entry
             changed[state.request_id] = state
+            try:
+                self._add_token(state, seq, logprobs[id(request)])
+            except Exception as exc:  # e.g. a token its tokenizer cannot decode: this request only
+                self._fail(state, f"processing the output failed: {type(exc).__name__}: {exc}")
+        return changed
 
-        prompt_tokens = sum(i.num_tokens for i in plan.scheduled if i.start < i.request.num_prompt_tokens)
-        self.stat_logger.record_step(prompt_tokens, len(owners), len(plan.preempted))
-        self.stat_logger.maybe_log(self.stats)
+    def _add_token(self, state: RequestState, seq: SequenceState, logprobs: TokenLogprobs | None) -> None:
+        """Detokenize the sequence's new token and apply its stop string or the scheduler's stop."""
+        request = seq.request
+        if state.metrics.first_token_time is None:
+            state.metrics.first_token_time = time.monotonic()
+        stop = seq.add_token(request.output_token_ids[-1], logprobs)
+        if stop is not None:
+            if not request.status.finished:
+                self.scheduler.abort_request(request.request_id)  # frees its blocks
+            request.status = RequestStatus.FINISHED_STOPPED
+            seq.finish("stop", stop)
+        elif request.status.finished:
+            seq.finish(request.status.finish_reason, request.stop_reason)
+        if seq.finish_reason is not None:
+            self._release(request)
+
+    def _outputs(self, changed: dict[str, RequestState]) -> list[RequestOutput]:
         outputs = []
         for state in changed.values():
             output = state.output()
@@ -276,6 +324,37 @@ class LLMEngine:
             if state.finished:
                 self.states.pop(state.request_id, None)
         return outputs
+
+    def _record_step(self, plan: SchedulerOutput, num_sampled: int) -> None:
+        prompt_tokens = sum(i.num_tokens for i in plan.scheduled if i.start < i.request.num_prompt_tokens)
+        self.stat_logger.record_step(prompt_tokens, num_sampled, len(plan.preempted))
+        self.stat_logger.maybe_log(self.stats)
+
+    # -- failures ---------------------------------------------------------------------------
+    def _fail(self, state: RequestState, error: str) -> None:
+        """Finish every sequence of ``state`` with ``"abort"`` and ``error``, freeing their blocks."""
+        logger.warning("request %s failed: %s", state.request_id, error)
+        state.error = error
+        for seq in state.sequences:
+            self.scheduler.abort_request(seq.request.request_id)
+            seq.request.status = RequestStatus.FINISHED_ABORTED
+            if seq.finish_reason is None:
+                seq.finish("abort")
+            self._release(seq.request)
+
+    def _die(self, exc: Exception) -> None:
+        """The batch failed: stop for good, dropping (and freeing) every request."""
+        logger.error("engine step failed; the engine stops", exc_info=exc)
+        self.dead_error = exc
+        for request_id in list(self.states):
+            with suppress(Exception):  # the scheduler may be what broke; nothing more can be done
+                self.abort_request(request_id)
+        self.states.clear()
+        self.sequences.clear()
+
+    def _check_alive(self) -> None:
+        if self.dead_error is not None:
+            raise EngineDeadError(f"the engine stopped after its step failed: {self.dead_error!r}")
 
     def stats(self) -> EngineStats:
         return EngineStats(
@@ -300,28 +379,41 @@ class LLMEngine:
         return [s.request for s in state.sequences[1:] if s.request.status is RequestStatus.WAITING]
 
     def _fork(self, follower: Request, token: int) -> None:
-        """Start ``follower`` on the leader's prompt KV: full blocks shared, the partial one copied."""
+        """Start ``follower`` with its first ``token`` on the leader's prompt KV: full blocks shared,
+        the partial one copied. Without a free block for the copy it waits to prefill prompt and
+        token on its own, like a preempted request (prefix caching shares the full blocks then)."""
         state, _ = self.sequences[follower.request_id]
         leader = state.sequences[0].request
+        follower.append_token(token, self.max_model_len)
+        if follower.status.finished:
+            return  # it needs no KV at all
         follower.num_computed_tokens = leader.num_prompt_tokens
         pairs = self.kv_cache_manager.fork(leader, follower)
-        if pairs is None:  # no block for the copy: prefill on its own later (prefix caching shares the rest)
+        if pairs is None:
             follower.num_computed_tokens = 0
             self.scheduler.add_request(follower)
             return
         self.runner.copy_blocks(pairs)
-        follower.append_token(token, self.max_model_len)
-        if follower.status.finished:
-            self.kv_cache_manager.free(follower)
-        else:
-            self.scheduler.add_running(follower)
+        self.scheduler.add_running(follower)
 
     # -- bookkeeping ----------------------------------------------------------------------
-    def _record_prompt_logprobs(self, plan, step) -> None:
+    def _record_prompt_logprobs(self, plan: SchedulerOutput, step: StepLogits) -> None:
+        """Logprobs of the prompt positions this step computed for the first time (a preempted
+        request, or a follower prefilling on its own, computes them again: they are not re-added)."""
         for index, logits in step.prompt_logits.items():
             item = plan.scheduled[index]
-            state, _ = self.sequences[item.request.request_id]
-            targets = torch.tensor(item.request.prompt_token_ids[item.start + 1 : item.start + 1 + len(logits)])
+            entry = self.sequences.get(item.request.request_id)
+            if entry is None:
+                continue  # failed in this step
+            state = entry[0]
+            first = item.start + 1  # the prompt position the chunk's first row predicts
+            skip = len(state.prompt_logprobs) - first  # positions already recorded
+            if skip >= len(logits):
+                continue
+            logits = logits[max(skip, 0) :]
+            first += max(skip, 0)
+            ids = item.request.prompt_token_ids[first : first + len(logits)]
+            targets = torch.tensor(ids, device=logits.device)
             top_n = [state.params.prompt_logprobs] * len(logits)
             state.prompt_logprobs.extend(top_logprobs(logits.log_softmax(dim=-1), targets, top_n))
 

@@ -9,6 +9,7 @@ from kvserve.engine.detokenizer import IncrementalDetokenizer
 from kvserve.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprobs
 from kvserve.request import Request
 from kvserve.sampling_params import SamplingParams
+from kvserve.stopping import find_stop_string, is_stop_token
 
 
 class SequenceState:
@@ -18,7 +19,9 @@ class SequenceState:
         params = request.sampling_params
         self.index = index
         self.request = request
-        self.detokenizer = IncrementalDetokenizer(tokenizer, params.skip_special_tokens) if params.detokenize else None
+        self.detokenizer = None
+        if params.detokenize:
+            self.detokenizer = IncrementalDetokenizer(tokenizer, params.skip_special_tokens, request.prompt_token_ids)
         self.logprobs: list[TokenLogprobs] | None = [] if params.logprobs is not None else None
         self.cumulative_logprob: float | None = 0.0 if params.logprobs is not None else None
         self.text = ""
@@ -29,25 +32,26 @@ class SequenceState:
         self.changed = False
 
     def add_token(self, token_id: int, logprobs: TokenLogprobs | None) -> str | None:
-        """Record a generated token; returns the stop string it completed, if any."""
+        """Record the request's latest generated token; returns the stop string it completed, if any.
+
+        The text of a token that stopped generation by itself (EOS, a stop token) is left out,
+        as in vLLM, unless ``include_stop_str_in_output``.
+        """
         self.changed = True
         if self.logprobs is not None and logprobs is not None:
             self.logprobs.append(logprobs)
             self.cumulative_logprob += logprobs[token_id].logprob
+        request, params = self.request, self.request.sampling_params
         if self.detokenizer is None:
+            return None
+        if is_stop_token(token_id, params, request.eos_token_ids) and not params.include_stop_str_in_output:
             return None
         before = len(self.text)
         self.text += self.detokenizer.add(token_id)
-        params = self.request.sampling_params
-        if not params.stop or len(self.request.output_token_ids) < params.min_tokens:
+        hit = find_stop_string(self.text, before, request)
+        if hit is None:
             return None
-        longest = max(len(s) for s in params.stop)
-        window = max(0, before - longest + 1)  # a match may straddle the previous text's end
-        hits = [(self.text.find(s, window), s) for s in params.stop]
-        hits = [(at, s) for at, s in hits if at >= 0]
-        if not hits:
-            return None
-        at, stop = min(hits)
+        at, stop = hit
         self.text = self.text[: at + len(stop)] if params.include_stop_str_in_output else self.text[:at]
         return stop
 
@@ -101,6 +105,8 @@ class RequestState:
         if params.prompt_logprobs is not None:
             self.prompt_logprobs = [None]  # the first prompt token has no context to be predicted from
         self.sent_prompt_logprobs = False
+        self.error: str | None = None
+        """Set when the engine failed this request."""
 
     @property
     def finished(self) -> bool:
@@ -128,4 +134,5 @@ class RequestState:
             finished=finished,
             prompt_logprobs=prompt_logprobs,
             metrics=self.metrics,
+            error=self.error,
         )

@@ -14,7 +14,8 @@ from kvserve.engine.llm_engine import LLMEngine
 from kvserve.outputs import RequestOutput
 from kvserve.sampling_params import SamplingParams
 
-Prompt = str | list[int]
+Prompt = str | list[int] | dict[str, Any]
+"""Text, token ids, ``{"prompt": text}`` or ``{"prompt_token_ids": ids}`` (vLLM's prompt forms)."""
 Message = dict[str, str]
 
 
@@ -44,31 +45,56 @@ class LLM:
         use_tqdm: bool = True,
         priority: Sequence[int] | None = None,
     ) -> list[RequestOutput]:
-        """Generate for every prompt (text or token ids); outputs come back in input order.
+        """Generate for every prompt (see :data:`Prompt`); outputs come back in input order.
 
-        If any prompt is invalid nothing is queued and the error names it.
+        If any prompt is invalid nothing is queued and the error names it (a TypeError or
+        ValueError naming the prompt's index). A request the engine failed comes back finished
+        with ``finish_reason="abort"`` and ``RequestOutput.error``; if the engine itself
+        stops, EngineDeadError is raised.
         """
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+        if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             sampling_params = [sampling_params or SamplingParams()] * len(prompts)
         if len(sampling_params) != len(prompts):
             raise ValueError(f"sampling_params: {len(sampling_params)} given for {len(prompts)} prompts")
         priority = list(priority) if priority is not None else [0] * len(prompts)
-        tokenizer = self.engine.tokenizer
-        encoded = [tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
+        parsed = [self._parse_prompt(i, p) for i, p in enumerate(prompts)]
 
         ids = [f"offline-{next(self._ids)}" for _ in prompts]
         try:
-            for request_id, prompt, token_ids, params, prio in zip(ids, prompts, encoded, sampling_params, priority):
+            for request_id, (text, token_ids), params, prio in zip(ids, parsed, sampling_params, priority):
                 params = params.model_copy(update={"output_kind": "final_only"})
-                text = prompt if isinstance(prompt, str) else None
                 self.engine.add_request(request_id, token_ids, params, prio, prompt=text)
         except Exception:
             for request_id in ids:
                 self.engine.abort_request(request_id)
             raise
         return self._run(ids, use_tqdm)
+
+    def _parse_prompt(self, index: int, prompt: Any) -> tuple[str | None, list[int]]:
+        """``(text or None, token ids)`` of prompt ``index`` in any of the :data:`Prompt` forms."""
+        if isinstance(prompt, dict):
+            keys = set(prompt)
+            if keys == {"prompt"}:
+                prompt = prompt["prompt"]
+            elif keys == {"prompt_token_ids"}:
+                prompt = prompt["prompt_token_ids"]
+                if isinstance(prompt, str):
+                    raise TypeError(f"prompts[{index}]: 'prompt_token_ids' must be a list of token ids, not text")
+            else:
+                raise ValueError(
+                    f"prompts[{index}]: a prompt dict has either 'prompt' (text) or 'prompt_token_ids', "
+                    f"got keys {sorted(keys)}"
+                )
+        if isinstance(prompt, str):
+            return prompt, self.engine.tokenizer.encode(prompt)
+        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            return None, list(prompt)
+        raise TypeError(
+            f"prompts[{index}]: a prompt is text, a list of token ids, {{'prompt': text}} or "
+            f"{{'prompt_token_ids': ids}}; got {type(prompt).__name__}"
+        )
 
     def chat(
         self,

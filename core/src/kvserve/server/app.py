@@ -7,6 +7,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
 
 import kvserve
 from kvserve.config import ServerConfig
@@ -15,7 +16,14 @@ from kvserve.server import serving_chat, serving_completions
 from kvserve.server.errors import OpenAIError, install_error_handlers
 from kvserve.server.metrics import HttpMetricsMiddleware
 from kvserve.server.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware
-from kvserve.server.protocol import DetokenizeRequest, TokenizeRequest, read_body
+from kvserve.server.openapi import install_request_schemas, json_body
+from kvserve.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+    read_body,
+)
 from kvserve.server.state import ServerState
 
 router = APIRouter()
@@ -47,7 +55,7 @@ async def list_models(request: Request) -> JSONResponse:
     return JSONResponse({"object": "list", "data": [card]})
 
 
-@router.post("/tokenize")
+@router.post("/tokenize", openapi_extra=json_body(TokenizeRequest))
 async def tokenize(request: Request) -> JSONResponse:
     """Text (``prompt``) or a conversation (``messages``, through the chat template) to token ids."""
     state = _state(request)
@@ -55,15 +63,19 @@ async def tokenize(request: Request) -> JSONResponse:
     state.check_model(body.model)
     if (body.prompt is None) == (body.messages is None):
         raise OpenAIError(400, "give exactly one of prompt and messages", param="prompt")
-    if body.messages is not None:
-        tokens = serving_chat.chat_prompt(state, body.messages, body.add_generation_prompt)
-    else:
-        tokens = state.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
-    engine = state.llm.engine
-    return JSONResponse({"count": len(tokens), "max_model_len": engine.max_model_len, "tokens": tokens})
+    max_model_len = state.llm.engine.max_model_len
+
+    def work() -> JSONResponse:  # seconds for a long text: in a worker thread, so streams go on meanwhile
+        if body.messages is not None:
+            tokens = serving_chat.chat_prompt(state, body.messages, body.add_generation_prompt)
+        else:
+            tokens = state.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+        return JSONResponse({"count": len(tokens), "max_model_len": max_model_len, "tokens": tokens})
+
+    return await run_in_threadpool(work)
 
 
-@router.post("/detokenize")
+@router.post("/detokenize", openapi_extra=json_body(DetokenizeRequest))
 async def detokenize(request: Request) -> JSONResponse:
     state = _state(request)
     body = await read_body(request, DetokenizeRequest)
@@ -72,7 +84,7 @@ async def detokenize(request: Request) -> JSONResponse:
     bad = [t for t in body.tokens if not 0 <= t < vocab]
     if bad:
         raise OpenAIError(400, f"tokens: {bad[:5]} outside the vocabulary [0, {vocab})", param="tokens")
-    return JSONResponse({"prompt": state.tokenizer.decode(body.tokens)})
+    return JSONResponse({"prompt": await run_in_threadpool(state.tokenizer.decode, body.tokens)})
 
 
 @router.get("/metrics")
@@ -95,9 +107,10 @@ def build_app(llm: AsyncLLM, config: ServerConfig, model_name: str | None = None
     for routes in routers:
         app.include_router(routes)
     install_error_handlers(app)
+    install_request_schemas(app, [CompletionRequest, ChatCompletionRequest, TokenizeRequest, DetokenizeRequest])
     # Outermost last: metrics see every response, guards run before any route reads the body.
     app.add_middleware(BodySizeLimitMiddleware, limit=int(config.max_request_body_bytes))
-    if config.api_key is not None:
+    if config.api_key is not None:  # never empty: ServerConfig reads an empty key as none
         app.add_middleware(ApiKeyMiddleware, api_key=config.api_key.get_secret_value())
     paths = {route.path for routes in routers for route in routes.routes}  # type: ignore[attr-defined]
     app.add_middleware(HttpMetricsMiddleware, metrics=state.metrics, paths=paths)

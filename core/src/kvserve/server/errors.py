@@ -1,9 +1,10 @@
 """Errors in OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``, and never a stack trace.
 
-Status codes: 400 a request the engine cannot serve as asked (malformed JSON, out-of-range
-values, too long for ``max_model_len``), 401 a missing or wrong API key, 404 an unknown model
-or route, 413 a body over the size limit, 422 a body of the wrong shape (wrong types, unknown
-or missing fields), 429 too many requests in flight, 503 an engine that is not running.
+Status codes: 400 a request the engine cannot serve as asked (malformed JSON, out-of-range or
+non-finite values, over a server limit, a field kvserve cannot honour, too long for
+``max_model_len``), 401 a missing or wrong API key, 404 an unknown model or route, 413 a body
+over the size limit, 422 a body of the wrong shape (wrong types, unknown or missing fields), 429
+too many sequences in flight, 503 an engine that is not running.
 """
 
 from __future__ import annotations
@@ -16,14 +17,15 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from kvserve.engine.async_llm import EngineDeadError
-from kvserve.errors import CapacityError
+from kvserve.errors import CapacityError, EngineDeadError, RequestError
 
 logger = logging.getLogger("kvserve")
 
 _TYPES = {401: "authentication_error", 429: "rate_limit_error", 500: "server_error", 503: "server_error"}
 # Pydantic puts the union member it tried into an error's location; clients know only field names.
 _UNION_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
+# Pydantic error types of a value of the right type out of its range (an int beyond int64, an infinite float).
+_OUT_OF_RANGE = {"finite_number", "less_than", "less_than_equal", "greater_than", "greater_than_equal"}
 
 
 class OpenAIError(Exception):
@@ -58,7 +60,10 @@ def request_shape_error(exc: ValidationError) -> OpenAIError:
         message = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
         problems.setdefault(path[0] if path else "body", f"{where}: {message}")
     first = next(iter(problems))
-    return OpenAIError(422, "; ".join(problems.values()), param=None if first == "body" else first, code="invalid_type")
+    param = None if first == "body" else first
+    if all(err["type"] in _OUT_OF_RANGE for err in errors):  # the right type, a value no client may send
+        return OpenAIError(400, "; ".join(problems.values()), param=param, code="invalid_value")
+    return OpenAIError(422, "; ".join(problems.values()), param=param, code="invalid_type")
 
 
 def invalid_value_error(exc: ValidationError, renames: Mapping[str, str] | None = None) -> OpenAIError:
@@ -94,6 +99,8 @@ def as_openai_error(exc: Exception) -> OpenAIError:
         return exc
     if isinstance(exc, EngineDeadError):
         return engine_dead()
+    if isinstance(exc, RequestError):  # the engine failed this request only, and logged why
+        return OpenAIError(500, "the engine failed this request; the server log has the details", code="request_failed")
     logger.error("internal error while serving a request", exc_info=exc)
     return _internal_error()
 
@@ -118,5 +125,6 @@ def install_error_handlers(app: FastAPI) -> None:
 
     app.add_exception_handler(OpenAIError, known_error)
     app.add_exception_handler(EngineDeadError, known_error)
+    app.add_exception_handler(RequestError, known_error)
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(Exception, unexpected_error)

@@ -53,7 +53,8 @@ class GenerationRun(ABC):
         return self.state.generate(self.prompts, self.params, self.priority)
 
     async def respond(self, request: Request) -> Response:
-        return await self.state.respond(request, self.stream, self.events, self.response)
+        sequences = len(self.prompts) * self.params.n
+        return await self.state.respond(request, sequences, self.stream, self.events, self.response)
 
     @abstractmethod
     async def response(self) -> BaseModel:

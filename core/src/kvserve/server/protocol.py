@@ -2,7 +2,11 @@
 
 Requests carry OpenAI's fields plus vLLM's sampling extensions (``top_k``, ``min_p``,
 ``repetition_penalty``, ``min_tokens``, ``ignore_eos``, ``stop_token_ids``, ``priority``, ...).
-``null`` means "the default" everywhere, as the official clients send it.
+``null`` means "the default" everywhere, as the official clients send it. Integers lie within
+int64 and floats are finite (else a 400 naming the field). OpenAI fields that do not change
+what is generated (``user``, ``store``, ``metadata``, ...) are accepted and ignored; those that
+would and that kvserve cannot honour (``suffix``, ``tools``, ``response_format`` other than
+text, ...) are a 400 naming the field unless they ask for what kvserve does anyway.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import time
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 from fastapi import Request
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, WrapValidator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue, ValidationError, WrapValidator
 from pydantic_core import PydanticCustomError
 
 from kvserve.sampling_params import SamplingParams
@@ -37,45 +41,69 @@ def _prompt_shape(value: Any, handler: Any) -> Any:
         ) from None
 
 
-PromptInput = Annotated[str | list[str] | list[int] | list[list[int]], WrapValidator(_prompt_shape)]
+def _integral_float(value: Any) -> Any:
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+Integer = Annotated[int, BeforeValidator(_integral_float)]
+"""An integer as JSON (and its schema) has it: ``2.0`` is one too, ``2.5`` and ``"2"`` are not."""
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+Int64 = Annotated[Integer, Field(ge=INT64_MIN, le=INT64_MAX)]
+"""An integer as vLLM and torch take it; Python's (and JSON's) are unbounded."""
+
+PromptInput = Annotated[str | list[str] | list[Integer] | list[list[Integer]], WrapValidator(_prompt_shape)]
+
+
+def unsupported(field: str, why: str) -> OpenAIError:
+    """400 for an OpenAI field whose meaning kvserve cannot honour."""
+    return OpenAIError(400, f"{field}: {why}", param=field, code="unsupported_field")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid")
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
 
 
 class StreamOptions(_Strict):
     include_usage: bool = False
     """Send a last chunk, with empty ``choices``, that holds the usage of the whole request."""
+    include_obfuscation: bool | None = None
+    """Ignored: kvserve adds no obfuscation padding to stream chunks."""
 
 
 class GenerationRequest(_Strict):
     """Fields both generation endpoints share."""
 
     model: str | None = None
-    n: int | None = None
+    n: Int64 | None = None
     temperature: float | None = None
     top_p: float | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: Int64 | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
+    # OpenAI's fields that change nothing kvserve generates: accepted and ignored.
     user: str | None = None
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
     # vLLM's extensions.
-    top_k: int | None = None
+    top_k: Int64 | None = None
     min_p: float | None = None
     repetition_penalty: float | None = None
-    min_tokens: int | None = None
+    min_tokens: Int64 | None = None
     ignore_eos: bool | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[Integer] | None = None
     include_stop_str_in_output: bool | None = None
     skip_special_tokens: bool | None = None
-    allowed_token_ids: list[int] | None = None
+    allowed_token_ids: list[Integer] | None = None
     bad_words: list[str] | None = None
-    priority: int = 0
+    priority: Int64 = 0
 
     _SHARED: ClassVar[tuple[str, ...]] = (
         "n", "temperature", "top_p", "stop", "seed", "presence_penalty", "frequency_penalty", "top_k", "min_p",
@@ -87,6 +115,16 @@ class GenerationRequest(_Strict):
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
+    def check_supported(self) -> None:
+        """Refuse (400) a field the endpoint accepts for OpenAI's sake but cannot honour as asked."""
+
+    def logit_bias_ids(self) -> dict[int, float]:
+        """``logit_bias`` keyed by token id (JSON keys are strings); keys that are not integers are a 400."""
+        keys = (self.logit_bias or {}).keys()
+        if not all(key.isascii() and key.removeprefix("-").isdigit() and len(key) <= 20 for key in keys):
+            raise OpenAIError(400, "logit_bias: keys must be token ids", param="logit_bias")
+        return {int(token): bias for token, bias in (self.logit_bias or {}).items()}
+
     def _sampling_params(self, renames: dict[str, str] | None = None, **fields: Any) -> SamplingParams:
         """SamplingParams from the shared fields (unless null) plus the endpoint's ``fields`` (even None:
         ``max_tokens=None`` means up to the context length); bad values are 400s."""
@@ -95,10 +133,7 @@ class GenerationRequest(_Strict):
         values = {name: getattr(self, name) for name in self._SHARED if getattr(self, name) is not None}
         values.update(fields)
         if self.logit_bias:
-            try:
-                values["logit_bias"] = {int(token): bias for token, bias in self.logit_bias.items()}
-            except ValueError:
-                raise OpenAIError(400, "logit_bias: keys must be token ids", param="logit_bias") from None
+            values["logit_bias"] = self.logit_bias_ids()
         try:
             return SamplingParams(**values, output_kind="delta")
         except ValidationError as exc:
@@ -107,10 +142,21 @@ class GenerationRequest(_Strict):
 
 class CompletionRequest(GenerationRequest):
     prompt: PromptInput
-    max_tokens: int | None = 16
+    max_tokens: Int64 | None = 16
     echo: bool | None = False
-    logprobs: int | None = None
+    logprobs: Int64 | None = None
     """Top-N logprobs per token; with ``echo``, for the prompt tokens too."""
+    best_of: Int64 | None = None
+    """Only ``n`` (or omitted): kvserve returns every sequence it samples, it does not rank them."""
+    suffix: str | None = None
+    """Only empty (or omitted): insertion after the completion is not supported."""
+
+    def check_supported(self) -> None:
+        n = 1 if self.n is None else self.n
+        if self.best_of is not None and self.best_of != n:
+            raise unsupported("best_of", f"must equal n ({n}) or be omitted: kvserve returns every sequence it samples")
+        if self.suffix:
+            raise unsupported("suffix", "text after the completion (insertion) is not supported")
 
     def sampling_params(self) -> SamplingParams:
         prompt_logprobs = self.logprobs if self.echo else None
@@ -148,11 +194,41 @@ class ChatMessage(_Strict):
 
 class ChatCompletionRequest(GenerationRequest):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
+    max_tokens: Int64 | None = None
+    max_completion_tokens: Int64 | None = None
     logprobs: bool | None = False
-    top_logprobs: int | None = None
+    top_logprobs: Int64 | None = None
     add_generation_prompt: bool = True
+    # Ignored: without tools there are no calls to parallelize; a prediction only speeds up a reply.
+    parallel_tool_calls: bool | None = None
+    prediction: JsonValue = None
+    # Accepted only where they ask for what kvserve does anyway (plain text, no tools); see check_supported.
+    response_format: dict[str, JsonValue] | None = None
+    tools: list[JsonValue] | None = None
+    tool_choice: JsonValue = None
+    functions: list[JsonValue] | None = None
+    function_call: JsonValue = None
+    modalities: list[str] | None = None
+    audio: JsonValue = None
+    reasoning_effort: JsonValue = None
+    verbosity: JsonValue = None
+    web_search_options: JsonValue = None
+
+    def check_supported(self) -> None:
+        if self.response_format is not None and self.response_format.get("type") != "text":
+            why = "only {'type': 'text'}: structured output (json_object, json_schema) is not supported"
+            raise unsupported("response_format", why)
+        for field in ("tools", "functions"):
+            if getattr(self, field):
+                raise unsupported(field, "tool and function calling are not supported")
+        for field in ("tool_choice", "function_call"):
+            if getattr(self, field) not in (None, "none", "auto"):
+                raise unsupported(field, "only 'none' or 'auto': tool and function calling are not supported")
+        if self.modalities is not None and set(self.modalities) != {"text"}:
+            raise unsupported("modalities", "only ['text'] is supported")
+        for field in ("audio", "reasoning_effort", "verbosity", "web_search_options"):
+            if getattr(self, field) is not None:
+                raise unsupported(field, "not supported by kvserve")
 
     def sampling_params(self) -> SamplingParams:
         if self.top_logprobs is not None and not self.logprobs:
@@ -170,14 +246,14 @@ class TokenizeRequest(_Strict):
 
     model: str | None = None
     prompt: str | None = None
-    messages: list[ChatMessage] | None = None
+    messages: list[ChatMessage] | None = Field(None, min_length=1)
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
 
 
 class DetokenizeRequest(_Strict):
     model: str | None = None
-    tokens: list[int]
+    tokens: list[Integer]
 
 
 # -- responses ------------------------------------------------------------------------------

@@ -5,12 +5,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request, Response
+from starlette.concurrency import run_in_threadpool
 
 from kvserve.chat_template import ChatTemplateError, render_chat
 from kvserve.outputs import TokenLogprobs
 from kvserve.server.errors import OpenAIError
 from kvserve.server.generation import GenerationRun, admit
 from kvserve.server.logprobs import chat_logprobs
+from kvserve.server.openapi import json_body
 from kvserve.server.protocol import (
     AssistantMessage,
     ChatChoice,
@@ -38,11 +40,14 @@ def chat_prompt(state: ServerState, messages: list[ChatMessage], add_generation_
     return token_ids
 
 
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", openapi_extra=json_body(ChatCompletionRequest))
 async def create_chat_completion(request: Request) -> Response:
     state, body = await admit(request, ChatCompletionRequest)
-    prompt = chat_prompt(state, body.messages, body.add_generation_prompt)
-    return await _ChatRun(state, body, body.sampling_params(), [prompt]).respond(request)
+    state.limits.check(body, num_prompts=1)
+    params = body.sampling_params()
+    # Rendering and tokenizing a long conversation takes a while: off the event loop, so streams go on.
+    prompt = await run_in_threadpool(chat_prompt, state, body.messages, body.add_generation_prompt)
+    return await _ChatRun(state, body, params, [prompt]).respond(request)
 
 
 class _ChatRun(GenerationRun):

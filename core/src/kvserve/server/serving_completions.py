@@ -5,11 +5,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request, Response
+from starlette.concurrency import run_in_threadpool
 
 from kvserve.outputs import CompletionOutput, TokenLogprobs
+from kvserve.sampling_params import SamplingParams
 from kvserve.server.choices import Choice
 from kvserve.server.generation import GenerationRun, admit
 from kvserve.server.logprobs import completion_logprobs
+from kvserve.server.openapi import json_body
 from kvserve.server.protocol import CompletionChoice, CompletionRequest, CompletionResponse, UsageInfo
 from kvserve.server.state import ServerState
 from kvserve.server.streaming import sse_event
@@ -17,13 +20,19 @@ from kvserve.server.streaming import sse_event
 router = APIRouter()
 
 
-@router.post("/v1/completions")
+@router.post("/v1/completions", openapi_extra=json_body(CompletionRequest))
 async def create_completion(request: Request) -> Response:
     state, body = await admit(request, CompletionRequest)
+    given = body.prompts()
+    state.limits.check(body, len(given), (p for p in given if not isinstance(p, str)))
+    params = body.sampling_params()
     tokenizer = state.tokenizer
-    texts = [p if isinstance(p, str) else tokenizer.decode(p) for p in body.prompts()]
-    prompts = [tokenizer.encode(p) if isinstance(p, str) else list(p) for p in body.prompts()]
-    return await _CompletionRun(state, body, prompts, texts).respond(request)
+    # Tokenizing (and decoding, for echo) a long prompt takes a while: off the event loop, so streams go on.
+    prompts = await run_in_threadpool(lambda: [tokenizer.encode(p) if isinstance(p, str) else p for p in given])
+    run = _CompletionRun(state, body, params, prompts)
+    if run.echo:  # decoded only once the ids are known to be valid
+        run.texts = await run_in_threadpool(lambda: [p if isinstance(p, str) else tokenizer.decode(p) for p in given])
+    return await run.respond(request)
 
 
 class _CompletionRun(GenerationRun):
@@ -31,10 +40,12 @@ class _CompletionRun(GenerationRun):
 
     id_prefix = "cmpl"
 
-    def __init__(self, state: ServerState, body: CompletionRequest, prompts: list[list[int]], texts: list[str]) -> None:
-        super().__init__(state, body, body.sampling_params(), prompts)
+    def __init__(
+        self, state: ServerState, body: CompletionRequest, params: SamplingParams, prompts: list[list[int]]
+    ) -> None:
+        super().__init__(state, body, params, prompts)
         self.echo = bool(body.echo)
-        self.texts = texts
+        self.texts: list[str] = []
         """The prompts as text, for ``echo``."""
 
     async def response(self) -> CompletionResponse:

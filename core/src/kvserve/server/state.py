@@ -1,4 +1,4 @@
-"""What every route shares: the engine, the served model name, admission checks and the request limit."""
+"""What every route shares: the engine, the served model name, admission checks and the concurrency limit."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from kvserve.errors import CapacityError
 from kvserve.outputs import RequestOutput
 from kvserve.sampling_params import SamplingParams
 from kvserve.server.errors import OpenAIError, engine_dead, engine_error
+from kvserve.server.limits import RequestLimits
 from kvserve.server.metrics import ServerMetrics
 from kvserve.server.streaming import EventStreamResponse, cancel_on_disconnect, guarded_events, merge_streams
 
@@ -24,18 +25,20 @@ EMBEDDED_MODEL_NAME = "SmolLM2-135M-Instruct"
 
 
 class ServerState:
-    """Admission (ready? known model? a free slot? a servable prompt?) and generation over ``AsyncLLM``."""
+    """Admission (ready? known model? within the limits? free slots? a servable prompt?) and generation
+    over ``AsyncLLM``."""
 
     def __init__(self, llm: AsyncLLM, config: ServerConfig, model_name: str | None = None) -> None:
         self.llm = llm
         self.config = config
         self.model_name = config.served_model_name or model_name or EMBEDDED_MODEL_NAME
         self.metrics = ServerMetrics(llm.engine)
+        self.limits = RequestLimits(config, llm.engine.hf_config.vocab_size)
         self.created = int(time.time())
         self.accepting = True
         """False once shutdown begins."""
         self.in_flight = 0
-        """Generation requests admitted and not yet answered in full."""
+        """Sequences (``n`` per prompt) of the generation requests admitted and not yet answered in full."""
 
     @property
     def tokenizer(self) -> Any:
@@ -65,18 +68,20 @@ class ServerState:
             except (ValueError, CapacityError) as exc:  # the message names the field
                 raise engine_error(exc) from None
 
-    def acquire_slot(self) -> None:
-        """Count one more generation request in flight, or refuse with 429 at the limit."""
-        if self.in_flight >= self.config.max_concurrent_requests:
+    def acquire_slots(self, sequences: int) -> None:
+        """Count a request's ``sequences`` in flight, or refuse with 429 if they would go over the limit."""
+        limit = self.config.max_concurrent_sequences
+        if self.in_flight + sequences > limit:
             raise OpenAIError(
                 429,
-                f"too many requests in flight (limit {self.config.max_concurrent_requests}); retry later",
+                f"too many sequences in flight ({self.in_flight} of {limit}, this request adds {sequences}); "
+                "retry later",
                 code="too_many_requests",
             )
-        self.in_flight += 1
+        self.in_flight += sequences
 
-    def release_slot(self) -> None:
-        self.in_flight -= 1
+    def release_slots(self, sequences: int) -> None:
+        self.in_flight -= sequences
 
     def generate(
         self, prompts: list[list[int]], params: SamplingParams, priority: int
@@ -92,19 +97,21 @@ class ServerState:
     async def respond(
         self,
         request: Request,
+        sequences: int,
         stream: bool,
         events: Callable[[], AsyncIterator[str]],
         final: Callable[[], Awaitable[BaseModel]],
     ) -> Response:
-        """Admit a generation request and answer it: with SSE ``events``, or with the ``final`` JSON body.
+        """Admit a generation request of ``sequences`` and answer it: with SSE ``events``, or with the
+        ``final`` JSON body.
 
-        The slot is held until the answer is complete or the client has gone.
+        Its slots are held until the answer is complete or the client has gone.
         """
-        self.acquire_slot()
+        self.acquire_slots(sequences)
         if stream:
-            return EventStreamResponse(guarded_events(events()), on_close=self.release_slot)
+            return EventStreamResponse(guarded_events(events()), on_close=lambda: self.release_slots(sequences))
         try:
             result = await cancel_on_disconnect(request, final())
         finally:
-            self.release_slot()
+            self.release_slots(sequences)
         return Response(result.model_dump_json(), media_type="application/json")

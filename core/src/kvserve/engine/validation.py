@@ -1,0 +1,50 @@
+"""Checks at the door: a request the engine could never serve is refused before it is queued."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvserve.engine.sampler import bad_word_token_ids
+from kvserve.errors import CapacityError
+from kvserve.sampling_params import SamplingParams
+
+
+def check_request(
+    prompt_token_ids: list[int],
+    params: SamplingParams,
+    *,
+    vocab_size: int,
+    max_model_len: int,
+    max_n: int,
+    tokenizer: Any,
+) -> list[list[int]]:
+    """Raise naming the field if the request can never run; returns ``params.bad_words`` as token ids.
+
+    ValueError: an empty prompt; a token id outside ``[0, vocab_size)`` in the prompt,
+    ``stop_token_ids``, ``allowed_token_ids``, ``logit_bias`` or the tokenized ``bad_words``;
+    ``n`` above ``max_n``. CapacityError: prompt + ``max_tokens`` beyond ``max_model_len``.
+    The prompt's ids are checked as numbers only: nothing decodes them.
+    """
+    if not prompt_token_ids:
+        raise ValueError("prompt: empty prompt")
+    _check_token_ids("prompt_token_ids", prompt_token_ids, vocab_size)
+    _check_token_ids("stop_token_ids", params.stop_token_ids, vocab_size)
+    _check_token_ids("allowed_token_ids", params.allowed_token_ids or [], vocab_size)
+    _check_token_ids("logit_bias", list(params.logit_bias), vocab_size)
+    if params.n > max_n:
+        raise ValueError(f"n: {params.n} completions exceed max_n={max_n}")
+    needed = len(prompt_token_ids) + (params.max_tokens or 1)
+    if len(prompt_token_ids) >= max_model_len or needed > max_model_len and params.max_tokens:
+        raise CapacityError(
+            f"max_tokens: prompt ({len(prompt_token_ids)} tokens) + max_tokens ({params.max_tokens}) "
+            f"exceeds max_model_len={max_model_len}"
+        )
+    bad_words = bad_word_token_ids(params.bad_words, tokenizer)
+    _check_token_ids("bad_words", [t for word in bad_words for t in word], vocab_size)
+    return bad_words
+
+
+def _check_token_ids(field: str, token_ids: list[int], vocab_size: int) -> None:
+    bad = [t for t in token_ids if not (isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab_size)]
+    if bad:
+        raise ValueError(f"{field}: token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})")
