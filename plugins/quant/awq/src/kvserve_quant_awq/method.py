@@ -6,13 +6,16 @@ per int32 in AWQ's order), ``qzeros`` (int32 ``[in/group, out/8]``, packed the s
 ``modules_to_not_convert`` names modules (by substring, as AutoAWQ matches) left dense.
 
 Weights stay packed (about 4.3 bits a weight). On CPU with a bf16 model they are repacked once
-at load into PyTorch's int4 CPU matmul; otherwise the packed weight is dequantized per matmul:
-in fp16/fp32 that int4 kernel is a fallback slower from 8 rows on (SmolLM2-135M shapes, one
-thread, 32 rows: 25-40 ms against 2-24 ms; ``benchmarks/awq_cpu_kernels.py``), and other
-devices have no AWQ kernel here yet (a Triton AWQ GEMM is future work).
+at load into PyTorch's int4 CPU matmul; with fp16/fp32 the packed weight is dequantized per
+matmul (there that int4 kernel is a fallback slower from 8 rows on: SmolLM2-135M shapes, one
+thread, 32 rows, 25-40 ms against 2-24 ms; ``benchmarks/awq_cpu_kernels.py``). On CUDA the
+Triton AWQ GEMM (``triton_gemm.py``, extra ``[triton]``) reads the packed tensors directly;
+without triton it dequantizes per matmul too.
 """
 
 from __future__ import annotations
+
+import importlib.util
 
 import torch
 
@@ -80,8 +83,9 @@ class AwqMethod(QuantizationMethod):
         layer.add_param("scales", torch.empty(groups, out, dtype=torch.float16), ParamLoading(output_dim=1))
 
     def process_weights_after_loading(self, layer) -> None:
-        dtype = layer.params_dtype
-        layer.use_int4pack = layer.qweight.device.type == "cpu" and dtype in INT4PACK_DTYPES
+        dtype, device = layer.params_dtype, layer.qweight.device
+        layer.use_int4pack = device.type == "cpu" and dtype in INT4PACK_DTYPES
+        layer.use_triton = device.type == "cuda" and importlib.util.find_spec("triton") is not None
         if not layer.use_int4pack:
             return
         packed, table = repack(layer.qweight.data, layer.qzeros.data, layer.scales.data, dtype)
@@ -93,6 +97,10 @@ class AwqMethod(QuantizationMethod):
         if layer.use_int4pack:
             table = layer.scales_and_zeros
             out = int4_matmul(x.to(table.dtype), layer.int4_weight, table, self.group_size).to(x.dtype)
+        elif layer.use_triton:
+            from kvserve_quant_awq.triton_gemm import awq_gemm
+
+            out = awq_gemm(x, layer.qweight, layer.qzeros, layer.scales, self.group_size)
         else:
             weight = dequantize(layer.qweight, layer.qzeros, layer.scales.to(x.dtype), self.group_size)
             out = x @ weight
