@@ -36,3 +36,8 @@ class RequestError(KvserveError, RuntimeError):
 
 class MissingExtraError(KvserveError, ImportError):
     """An optional dependency group of kvserve-core is not installed; the message says what to install."""
+
+
+class WeightLoadError(KvserveError, ValueError):
+    """A checkpoint tensor does not fit the model (no place for it, wrong shape, or missing);
+    the message names the tensor."""

@@ -8,7 +8,7 @@ import torch
 
 from kvserve.config import AUTO, EngineConfig
 from kvserve.errors import ConfigError, PluginError
-from kvserve.interfaces import AttentionBackend, AttentionSpec, LayerAttentionSpec, Platform
+from kvserve.interfaces import AttentionBackend, AttentionSpec, LayerAttentionSpec, Platform, QuantizationMethod
 from kvserve.plugins import get_plugin_manager, load_component
 
 
@@ -53,15 +53,27 @@ def unserved_reason(platform: type[Platform]) -> str | None:
     return f"no installed attention backend runs on {platform.device_type!r} devices" if names else None
 
 
-def resolve_dtype(config: EngineConfig, platform: Platform) -> torch.dtype:
-    """The model dtype: the configured one, or under ``auto`` the platform's choice for its device."""
-    name = platform.default_dtype() if config.model.dtype == AUTO else config.model.dtype
+def resolve_dtype(config: EngineConfig, platform: Platform, quant_method: QuantizationMethod) -> torch.dtype:
+    """The model dtype: configured, or (``auto``) the platform's default when the quantization
+    method runs it, else the first platform dtype it runs. Refusals are ConfigErrors with reasons."""
+    name = config.model.dtype
+    if name == AUTO:
+        default = platform.default_dtype()
+        accepted = [d for d in platform.supported_dtypes if d in quant_method.activation_dtypes]
+        name = default if default in accepted or not accepted else accepted[0]
     if name not in platform.supported_dtypes:
         raise ConfigError(
             f"dtype: {name} is not supported on platform {platform.name!r} "
             f"(supported: {', '.join(platform.supported_dtypes)})"
         )
-    return getattr(torch, name)
+    dtype = getattr(torch, name)
+    reasons = quant_method.unsupported_reasons(platform, dtype)
+    if reasons:
+        raise ConfigError(
+            f"quantization: {quant_method.name!r} cannot run on platform {platform.name!r} with dtype {name}: "
+            + "; ".join(reasons)
+        )
+    return dtype
 
 
 def dtype_reason(config: EngineConfig, platform: Platform) -> str:

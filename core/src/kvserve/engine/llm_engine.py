@@ -22,7 +22,7 @@ from kvserve.engine.stats import EngineStats, StatLogger
 from kvserve.engine.validation import check_request
 from kvserve.errors import ConfigError, EngineDeadError
 from kvserve.interfaces import AttentionBackend, LayerAttentionSpec, QuantizationMethod, SchedulerOutput
-from kvserve.layers import QuantLinear, UnquantizedLinearMethod, attention_layers
+from kvserve.layers import LinearBase, UnquantizedLinearMethod, attention_layers
 from kvserve.logging_setup import configure_logging
 from kvserve.outputs import RequestOutput, TokenLogprobs
 from kvserve.plugins import load_component
@@ -50,12 +50,13 @@ class LLMEngine:
         configure_logging()
         self.config = config
         self.platform = components.resolve_platform(config)
-        self.dtype = components.resolve_dtype(config, self.platform)
-        self.platform.seed_everything(config.model.seed)
         source = open_model(config.model.model, config.model.tokenizer)
         self.tokenizer = source.tokenizer
         self.model_path = source.path
         self.hf_config = source.hf_config
+        self.quant_method = self._quant_method()
+        self.dtype = components.resolve_dtype(config, self.platform, self.quant_method)
+        self.platform.seed_everything(config.model.seed)
         self.max_model_len = self._max_model_len()
         self.eos_token_ids = self._eos_token_ids(source)
 
@@ -122,6 +123,8 @@ class LLMEngine:
             choice = checkpoint["quant_method"] if isinstance(checkpoint, dict) else checkpoint.quant_method
         if choice == "none":
             return UnquantizedLinearMethod()
+        if checkpoint is not None and not isinstance(checkpoint, dict):
+            checkpoint = checkpoint.to_dict()
         return load_component("quantization_method", choice)(checkpoint)
 
     def _build_model(self, source: Any) -> torch.nn.Module:
@@ -129,12 +132,11 @@ class LLMEngine:
         if not architectures:
             raise ConfigError(f"model: {source.path} has no 'architectures' in its config.json")
         model_cls = load_component("model", architectures[0])
-        quant_method = self._quant_method()
         with torch.device(self.platform.device()), default_dtype(self.dtype):
-            model = model_cls(self.hf_config, quant_method)
+            model = model_cls(self.hf_config, self.quant_method)
         model.load_weights(source.weights())
         for module in model.modules():
-            if isinstance(module, QuantLinear):
+            if isinstance(module, LinearBase):
                 module.quant_method.process_weights_after_loading(module)
         return model.eval()
 

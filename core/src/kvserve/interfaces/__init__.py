@@ -4,7 +4,7 @@ from kvserve.interfaces.attention import AttentionBackend, AttentionBatch, Atten
 from kvserve.interfaces.kv_cache import KVCacheManager, KVCacheStats
 from kvserve.interfaces.model import Model
 from kvserve.interfaces.platform import DeviceCapability, Platform
-from kvserve.interfaces.quantization import QuantizationMethod
+from kvserve.interfaces.quantization import ParamLoading, QuantizationMethod
 from kvserve.interfaces.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
 
 __all__ = [
@@ -16,6 +16,7 @@ __all__ = [
     "KVCacheStats",
     "LayerAttentionSpec",
     "Model",
+    "ParamLoading",
     "Platform",
     "QuantizationMethod",
     "ScheduledRequest",

@@ -16,8 +16,10 @@ if TYPE_CHECKING:
 class Model(Protocol):
     """A ``torch.nn.Module`` registered under an HF ``architectures`` name.
 
-    Build it with core layers (``kvserve.layers``): ``QuantLinear``, ``RMSNorm``,
-    ``RotaryEmbedding`` and ``PagedAttention``, which calls the engine's attention backend.
+    Build it with core layers (``kvserve.layers``): ``ColumnLinear`` / ``RowLinear`` /
+    ``MergedColumnLinear`` (never slicing fused shards itself), ``RMSNorm``, ``RotaryEmbedding``
+    and ``PagedAttention``, which calls the engine's attention backend; ``load_checkpoint``
+    loads the weight stream into them.
     The engine constructs it on the target device with the default dtype already set.
     """
 
@@ -33,7 +35,7 @@ class Model(Protocol):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy HF-named checkpoint tensors into the parameters (fusing shards as needed).
 
-        Raises a KeyError naming any checkpoint tensor with no place in the model.
+        Raises ``kvserve.errors.WeightLoadError`` naming any checkpoint tensor with no place in the model.
         """
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:

@@ -1,34 +1,104 @@
-"""The QuantizationMethod interface: how a linear layer stores and applies its weight."""
+"""The QuantizationMethod interface: how a linear layer stores, loads and applies its weight."""
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     import torch
 
+    from kvserve.interfaces.platform import Platform
+
+
+@dataclass(frozen=True)
+class ParamLoading:
+    """How a checkpoint tensor of one shard lands in a (possibly fused) layer parameter.
+
+    A fused layer (qkv, gate-up) stacks its shards along the output features; each parameter
+    says where those run, so packed formats load into fused layers without a loader of their own.
+    """
+
+    output_dim: int | None = 0
+    """The dimension the output features run along (AWQ's ``qweight [in, out/8]``: 1); ``None``
+    when the parameter does not grow with the output features (see :attr:`per_shard`)."""
+    packed_factor: int = 1
+    """Output features per element along ``output_dim`` (8 for int4 packed into int32)."""
+    per_shard: bool = False
+    """One entry per shard along dim 0 (a per-tensor scale of each fused projection): shard ``i``
+    loads its (one-element) tensor into index ``i``. Only with ``output_dim=None``."""
+    optional: bool = False
+    """The checkpoint may omit it (the value created stays)."""
+
 
 class QuantizationMethod(ABC):
-    """Creates, post-processes and applies the weights of ``kvserve.layers.QuantLinear``.
+    """Creates, loads, post-processes and applies the weights of a ``kvserve.layers`` linear layer.
 
     Chosen from the checkpoint's ``quantization_config["quant_method"]`` or the config's
-    ``quantization`` field; one instance serves every linear layer of a model.
+    ``quantization`` field; one instance serves every linear layer of a model, so per-layer
+    state lives on the layer, never on the method.
     """
 
     name: str
+    activation_dtypes: ClassVar[tuple[str, ...]] = ("float32", "bfloat16", "float16")
+    """Activation (model) dtypes :meth:`apply` runs; ``dtype="auto"`` picks the platform's
+    preferred dtype among these."""
 
     def __init__(self, quant_config: dict[str, Any] | None = None) -> None:
-        """``quant_config`` is the checkpoint's ``quantization_config`` (None when not quantized)."""
+        """``quant_config`` is the checkpoint's ``quantization_config`` (None when not quantized).
+
+        Raise ``kvserve.errors.ConfigError`` naming the field for a config this method cannot
+        run (e.g. an unsupported bit width): it is called when the engine starts.
+        """
         self.quant_config = quant_config or {}
 
+    def unsupported_reasons(self, platform: Platform, dtype: torch.dtype) -> list[str]:
+        """Why this method cannot run on ``platform`` with activations of ``dtype`` (empty: it can).
+
+        The default refuses dtypes outside :attr:`activation_dtypes`.
+        """
+        name = str(dtype).removeprefix("torch.")
+        if name not in self.activation_dtypes:
+            return [f"activation dtype {name} is not supported (supported: {', '.join(self.activation_dtypes)})"]
+        return []
+
+    def ignored_prefixes(self) -> list[str]:
+        """Checkpoint module names (``model.layers.0.mlp.down_proj``) left unquantized; an entry
+        starting with ``re:`` is a regular expression matched against the whole name."""
+        return []
+
+    def is_ignored(self, prefix: str) -> bool:
+        """Whether the layer with checkpoint name ``prefix`` stays unquantized (dense weights)."""
+        for entry in self.ignored_prefixes():
+            if entry.startswith("re:"):
+                if re.fullmatch(entry[3:], prefix):
+                    return True
+            elif prefix == entry or prefix.endswith("." + entry):
+                return True
+        return False
+
     @abstractmethod
-    def create_weights(self, layer: torch.nn.Module, in_features: int, out_features: int, bias: bool) -> None:
-        """Register the parameters the checkpoint holds for this layer (HF names, e.g. ``weight``)."""
+    def create_weights(
+        self,
+        layer: torch.nn.Module,
+        input_size: int,
+        output_sizes: list[int],
+        params_dtype: torch.dtype,
+        prefix: str,
+    ) -> None:
+        """Register, with ``layer.add_param(name, tensor, loading)``, the parameters the checkpoint
+        holds for one linear layer, under their checkpoint names (``weight``, ``qweight``...).
+
+        ``output_sizes`` are the output features of each fused shard (one entry for a plain
+        layer); their sum is the layer's output size. ``params_dtype`` is the model dtype,
+        ``prefix`` the layer's module name. The bias is the layer's own, not the method's.
+        """
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:  # noqa: B027 - optional hook
-        """Repack loaded parameters into the form :meth:`apply` uses (optional)."""
+        """Repack loaded parameters into the form :meth:`apply` uses (optional); runs once per layer."""
 
     @abstractmethod
-    def apply(self, layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """``x @ W.T + b`` for ``x`` of shape ``[..., in_features]``."""
+    def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """``x @ W.T + bias`` for ``x`` of shape ``[..., input_size]``, in ``x``'s dtype."""

@@ -1,8 +1,22 @@
 """Building blocks for model plugins (importing this package imports torch)."""
 
 from kvserve.layers.attention import PagedAttention, attention_layers
-from kvserve.layers.linear import QuantLinear, UnquantizedLinearMethod
+from kvserve.layers.embedding import VocabEmbedding
+from kvserve.layers.linear import ColumnLinear, LinearBase, MergedColumnLinear, RowLinear, UnquantizedLinearMethod
+from kvserve.layers.loading import load_checkpoint
 from kvserve.layers.norm import RMSNorm
 from kvserve.layers.rotary import RotaryEmbedding
 
-__all__ = ["PagedAttention", "QuantLinear", "RMSNorm", "RotaryEmbedding", "UnquantizedLinearMethod", "attention_layers"]
+__all__ = [
+    "ColumnLinear",
+    "LinearBase",
+    "MergedColumnLinear",
+    "PagedAttention",
+    "RMSNorm",
+    "RotaryEmbedding",
+    "RowLinear",
+    "UnquantizedLinearMethod",
+    "VocabEmbedding",
+    "attention_layers",
+    "load_checkpoint",
+]

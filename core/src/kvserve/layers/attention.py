@@ -11,7 +11,13 @@ from kvserve.interfaces import LayerAttentionSpec
 class PagedAttention(torch.nn.Module):
     """One attention layer's facts (scale, sliding window, soft-cap) and its layer index; the KV
     cache lives in the forward context. The engine reads the facts of every such module of the
-    model (:func:`attention_layers`) into the backend's spec before the first step."""
+    model (:func:`attention_layers`) into the backend's spec before the first step.
+
+    ``k_scale`` / ``v_scale`` (float32 scalars, 1.0 unless the checkpoint has them) are the
+    per-layer scales of a quantized (fp8) KV cache, loaded for backends that keep one.
+    """
+
+    optional_params = frozenset({"k_scale", "v_scale"})
 
     def __init__(
         self,
@@ -33,6 +39,8 @@ class PagedAttention(torch.nn.Module):
         self.head_dim = head_dim
         self.layer_idx = layer_idx
         self.spec = LayerAttentionSpec(scale, sliding_window, logits_soft_cap)
+        self.k_scale = torch.nn.Parameter(torch.ones((), dtype=torch.float32), requires_grad=False)
+        self.v_scale = torch.nn.Parameter(torch.ones((), dtype=torch.float32), requires_grad=False)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """``q``: ``[T, heads, head_dim]``, ``k``/``v``: ``[T, kv_heads, head_dim]`` → ``[T, heads * head_dim]``."""

@@ -1,6 +1,6 @@
 """GPT-2 on kvserve's paged KV cache: learned positions, LayerNorm, fused qkv, GELU, tied head.
 
-Linear layers are ``kvserve.layers.QuantLinear`` (their weights belong to the quantization
+Linear layers are ``kvserve.layers.ColumnLinear`` / ``RowLinear`` (their weights belong to the quantization
 method); attention is ``kvserve.layers.PagedAttention``, which calls the engine's backend.
 Parameter names mirror the checkpoint's without the ``transformer.`` prefix.
 """
@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from kvserve.forward_context import ForwardContext
 from kvserve.interfaces import QuantizationMethod
-from kvserve.layers import PagedAttention, QuantLinear
+from kvserve.layers import ColumnLinear, PagedAttention, RowLinear, load_checkpoint
 
 # GPT-2 checkpoints store these as transformers Conv1D weights, [in, out]: transposed on load.
 CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
@@ -38,13 +38,15 @@ class GPT2Block(torch.nn.Module):
         self.num_heads, self.head_dim = heads, hidden // heads
         self.ln_1 = torch.nn.LayerNorm(hidden, eps=config.layer_norm_epsilon)
         self.attn = torch.nn.Module()
-        self.attn.c_attn = QuantLinear(hidden, 3 * hidden, True, quant_method)
-        self.attn.c_proj = QuantLinear(hidden, hidden, True, quant_method)
+        prefix = f"h.{layer_idx}"
+        self.attn.c_attn = ColumnLinear(hidden, 3 * hidden, True, quant_method, f"{prefix}.attn.c_attn")
+        self.attn.c_proj = RowLinear(hidden, hidden, True, quant_method, f"{prefix}.attn.c_proj")
         self.attn.paged = PagedAttention(heads, heads, self.head_dim, self.head_dim**-0.5, layer_idx)
         self.ln_2 = torch.nn.LayerNorm(hidden, eps=config.layer_norm_epsilon)
         self.mlp = torch.nn.Module()
-        self.mlp.c_fc = QuantLinear(hidden, config.n_inner or 4 * hidden, True, quant_method)
-        self.mlp.c_proj = QuantLinear(config.n_inner or 4 * hidden, hidden, True, quant_method)
+        inner = config.n_inner or 4 * hidden
+        self.mlp.c_fc = ColumnLinear(hidden, inner, True, quant_method, f"{prefix}.mlp.c_fc")
+        self.mlp.c_proj = RowLinear(inner, hidden, True, quant_method, f"{prefix}.mlp.c_proj")
 
     def forward(self, hidden: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         q, k, v = self.attn.c_attn(self.ln_1(hidden)).split(hidden.shape[-1], dim=-1)
@@ -82,20 +84,14 @@ class GPT2LMHeadModel(torch.nn.Module):
         return F.linear(hidden, self.wte.weight).float()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy HF-named tensors in; KeyError names a tensor with no place, or the ones missing."""
-        params = dict(self.named_parameters())  # the checkpoint's names, without "transformer."
-        missing = set(params)
-        for name, tensor in weights:
-            name = name.removeprefix("transformer.")
-            if name == "lm_head.weight" or name.endswith((".attn.bias", ".attn.masked_bias")):
-                continue  # the tied head, and causal-mask buffers of old checkpoints
-            if name not in params:
-                raise KeyError(f"checkpoint tensor {name!r} has no place in GPT2LMHeadModel")
-            if name.endswith(CONV1D):
-                tensor = tensor.T
-            if tensor.shape != params[name].shape:
-                raise ValueError(f"{name}: expected shape {tuple(params[name].shape)}, got {tuple(tensor.shape)}")
-            params[name].data.copy_(tensor)
-            missing.discard(name)
-        if missing:
-            raise KeyError(f"checkpoint lacks {sorted(missing)}")
+        """Copy HF-named tensors in; ``WeightLoadError`` names a tensor with no place, or the ones missing."""
+
+        def renamed() -> Iterable[tuple[str, torch.Tensor]]:
+            for name, tensor in weights:
+                name = name.removeprefix("transformer.")  # the checkpoint's names, without "transformer."
+                yield name, tensor.T if name.endswith(CONV1D) else tensor
+
+        def skip(name: str) -> bool:  # the tied head, and causal-mask buffers of old checkpoints
+            return name == "lm_head.weight" or name.endswith((".attn.bias", ".attn.masked_bias"))
+
+        load_checkpoint(self, renamed(), skip=skip)

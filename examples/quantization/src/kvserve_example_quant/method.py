@@ -6,24 +6,22 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kvserve.interfaces import QuantizationMethod
+from kvserve.interfaces import ParamLoading, QuantizationMethod
 
 
 class Int8WeightOnlyMethod(QuantizationMethod):
-    """Checkpoint tensors per linear layer: ``weight`` (int8 ``[out, in]``), ``weight_scale``
-    (float32 ``[out]``) and, if the layer has one, ``bias`` (model dtype)."""
+    """Checkpoint tensors per linear layer: ``weight`` (int8 ``[out, in]``) and ``weight_scale``
+    (float32 ``[out]``); the layer adds its ``bias`` (model dtype) itself."""
 
     name = "example_int8"
 
-    def create_weights(self, layer: torch.nn.Module, in_features: int, out_features: int, bias: bool) -> None:
-        def frozen(tensor: torch.Tensor) -> torch.nn.Parameter:
-            return torch.nn.Parameter(tensor, requires_grad=False)
+    def create_weights(self, layer, input_size, output_sizes, params_dtype, prefix) -> None:
+        # Both tensors grow with the output features along dim 0, so fused shards stack there.
+        out = sum(output_sizes)
+        layer.add_param("weight", torch.empty(out, input_size, dtype=torch.int8), ParamLoading(output_dim=0))
+        layer.add_param("weight_scale", torch.empty(out, dtype=torch.float32), ParamLoading(output_dim=0))
 
-        layer.weight = frozen(torch.empty(out_features, in_features, dtype=torch.int8))
-        layer.weight_scale = frozen(torch.empty(out_features, dtype=torch.float32))
-        layer.bias = frozen(torch.zeros(out_features)) if bias else None
-
-    def apply(self, layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         # Dequantize in float32, then compute in the activations' dtype.
         weight = (layer.weight.float() * layer.weight_scale[:, None]).to(x.dtype)
-        return F.linear(x, weight, layer.bias)
+        return F.linear(x, weight, bias)

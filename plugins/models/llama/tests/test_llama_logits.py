@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from kvserve.errors import WeightLoadError
 from kvserve.layers import UnquantizedLinearMethod
 from kvserve.loader import open_model
 from kvserve.testing.hf_models import build_tiny_model
@@ -36,5 +37,5 @@ def test_missing_tensors_are_named(tmp_path):
     source = open_model(str(path))
     model = llama.LlamaForCausalLM(source.hf_config, UnquantizedLinearMethod())
     missing_norm = (item for item in source.weights() if item[0] != "model.norm.weight")
-    with pytest.raises(KeyError, match="model.norm.weight"):
+    with pytest.raises(WeightLoadError, match="model.norm.weight"):
         model.load_weights(missing_norm)

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from kvserve.engine.llm_engine import default_dtype  # build as LLMEngine builds
+from kvserve.errors import WeightLoadError
 from kvserve.interfaces import Model
-from kvserve.layers import QuantLinear, UnquantizedLinearMethod
+from kvserve.layers import LinearBase, UnquantizedLinearMethod
 from kvserve.testing.contracts._base import ComponentContract, violation
 from kvserve.testing.hf_models import build_tiny_model
 from kvserve.testing.paged_model import PagedSequences
@@ -25,13 +26,13 @@ class _RecordingLinearMethod(UnquantizedLinearMethod):
         self.created = 0
         self.applied = 0
 
-    def create_weights(self, layer, in_features, out_features, bias):
+    def create_weights(self, layer, input_size, output_sizes, params_dtype, prefix):
         self.created += 1
-        super().create_weights(layer, in_features, out_features, bias)
+        super().create_weights(layer, input_size, output_sizes, params_dtype, prefix)
 
-    def apply(self, layer, x):
+    def apply(self, layer, x, bias):
         self.applied += 1
-        return super().apply(layer, x)
+        return super().apply(layer, x, bias)
 
 
 class ModelContract(ComponentContract):
@@ -106,7 +107,7 @@ class ModelContract(ComponentContract):
         return path, hf_model
 
     def load(self, component: type, path: Path, dtype: torch.dtype = torch.float32, quant_method=None):
-        """Build and load the model as the engine does (default dtype set, QuantLinear post-processing)."""
+        """Build and load the model as the engine does (default dtype set, linear layers post-processed)."""
         from kvserve.loader import open_model
 
         source = open_model(str(path))
@@ -114,7 +115,7 @@ class ModelContract(ComponentContract):
             model = component(source.hf_config, quant_method or UnquantizedLinearMethod())
         model.load_weights(source.weights())
         for module in model.modules():
-            if isinstance(module, QuantLinear):
+            if isinstance(module, LinearBase):
                 module.quant_method.process_weights_after_loading(module)
         return model.eval()
 
@@ -198,25 +199,25 @@ class ModelContract(ComponentContract):
         )
 
     def test_load_weights_names_an_unknown_tensor(self, component, checkpoint):
-        """A checkpoint tensor with no place in the model is a KeyError that names it."""
+        """A checkpoint tensor with no place in the model is a ``WeightLoadError`` that names it."""
         from kvserve.loader import open_model
 
         path, _ = checkpoint
         source = open_model(str(path))
         model = component(source.hf_config, UnquantizedLinearMethod())
         stray = "model.layers.0.kvserve_contract_stray.weight"
-        with pytest.raises(KeyError, match=stray):
+        with pytest.raises(WeightLoadError, match=stray):
             model.load_weights(itertools.chain(source.weights(), [(stray, torch.ones(1))]))
 
     def test_linear_layers_go_through_the_quantization_method(self, component, checkpoint):
         """Every linear layer's weight is created and applied by the quantization method given to
-        the constructor (``kvserve.layers.QuantLinear``), so quantized checkpoints load and run."""
+        the constructor (``kvserve.layers`` linear layers), so quantized checkpoints load and run."""
         path, hf_model = checkpoint
         method = _RecordingLinearMethod()
         model = self.load(component, path, quant_method=method)
         assert method.created >= hf_model.config.num_hidden_layers, (
             f"only {method.created} linear layers were created through the quantization method for "
-            f"{hf_model.config.num_hidden_layers} decoder layers: use kvserve.layers.QuantLinear"
+            f"{hf_model.config.num_hidden_layers} decoder layers: use kvserve.layers' linear layers"
         )
         PagedSequences(model, 1).step({0: [3, 4, 5]})
         assert method.applied >= method.created, (

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from kvserve.engine.llm_engine import default_dtype  # build as LLMEngine builds
-from kvserve.interfaces import QuantizationMethod
-from kvserve.layers import QuantLinear
+from kvserve.interfaces import Platform, QuantizationMethod
+from kvserve.layers import ColumnLinear, MergedColumnLinear, load_checkpoint
+from kvserve.plugins import get_plugin_manager, load_component
 from kvserve.testing.contracts._base import ComponentContract
 
 
@@ -34,16 +35,23 @@ class QuantizationMethodContract(ComponentContract):
                 ...
 
     ``quantize`` and ``dequantize`` are the test's plain reference of the format (the defaults
-    describe dense weights). A layer is built as the engine builds it: ``QuantLinear(in, out,
-    bias, method)`` under the model's default dtype; the checkpoint tensors are copied into the
-    parameters of the same names (as a model's ``load_weights`` does) and
-    ``process_weights_after_loading`` runs. Checked:
+    describe dense weights). A layer is built as the engine builds it: ``ColumnLinear(in, out,
+    bias, method, prefix)`` under the model's default dtype; the checkpoint tensors are loaded
+    by name through ``kvserve.layers.load_checkpoint`` (as a model's ``load_weights`` does) and
+    ``process_weights_after_loading`` runs. Tests run on the first available platform; a
+    dtype the method refuses there (``unsupported_reasons``) is skipped with its reasons.
+    Checked:
 
     - ``create_weights`` registers exactly the tensors the checkpoint holds, with their shapes
-      and dtypes (a bias as ``bias`` when the layer has one);
+      (one-element scales may be ``[]`` or ``[1]``) and dtypes (a bias as ``bias`` when the
+      layer has one);
     - ``apply`` equals ``x @ dequantize(checkpoint).T + bias`` within :attr:`reference_tolerance`
       (relative error), for leading dimensions ``[n]`` and ``[b, n]``, in every dtype of
-      :attr:`dtypes`, returning the input's dtype;
+      :attr:`dtypes` (default: the method's ``activation_dtypes``), returning the input's dtype;
+    - a fused layer (``MergedColumnLinear``, as q/k/v) loads each shard's tensors from a
+      safetensors file and equals the stacked dequantized shards (within
+      :attr:`fused_tolerance` more, for formats that requantize fused shards to one scale);
+    - the resident bytes after loading stay within :attr:`max_resident_ratio` of the checkpoint's;
     - against the original float weight the error stays within :attr:`max_error` (the method's
       accuracy, which the quantize/dequantize pair defines);
     - one method instance serves many layers without mixing up their weights.
@@ -56,12 +64,17 @@ class QuantizationMethodContract(ComponentContract):
     quant_config: ClassVar[dict[str, Any] | None] = None
     """The checkpoint's ``quantization_config`` the method is constructed with."""
     shapes: ClassVar[tuple[tuple[int, int], ...]] = ((64, 48), (256, 96))
-    """``(in_features, out_features)`` of the layers tested."""
-    dtypes: ClassVar[tuple[str, ...]] = ("float32", "bfloat16")
+    """``(in_features, out_features)`` of the layers tested (fit them to the format's group size)."""
+    dtypes: ClassVar[tuple[str, ...] | None] = None
+    """Activation dtypes tested; None: the method's ``activation_dtypes``."""
     reference_tolerance: ClassVar[dict[str, float]] = {"float32": 1e-5, "bfloat16": 1e-2, "float16": 2e-3}
     """Relative error allowed against the dequantized reference, per activation dtype."""
+    fused_tolerance: ClassVar[float] = 0.0
+    """Extra relative error allowed in a fused layer (shards requantized to one scale)."""
     max_error: ClassVar[float] = 0.05
     """Relative error allowed against the float weight (beyond the dtype's reference tolerance)."""
+    max_resident_ratio: ClassVar[float] = 1.1
+    """Resident parameter bytes after loading, at most this times the checkpoint tensors' bytes."""
 
     def quantize(self, weight: torch.Tensor) -> dict[str, torch.Tensor]:
         """The checkpoint tensors (HF names, without the layer prefix) encoding ``weight`` ``[out, in]``."""
@@ -77,7 +90,32 @@ class QuantizationMethodContract(ComponentContract):
         if "shape" in metafunc.fixturenames:
             metafunc.parametrize("shape", self.shapes, ids=lambda s: f"{s[0]}x{s[1]}")
         if "dtype" in metafunc.fixturenames:
-            metafunc.parametrize("dtype", self.dtypes)
+            dtypes = self.dtypes
+            if dtypes is None:
+                try:
+                    dtypes = self.load_component().activation_dtypes
+                except Exception:  # the component test reports the load failure itself
+                    dtypes = ("float32",)
+            metafunc.parametrize("dtype", dtypes)
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def platform(cls) -> Platform:
+        """The first installed platform available in this process (the one the engine would pick)."""
+        tried = []
+        for name in get_plugin_manager().registry("platform").names():
+            platform_cls = load_component("platform", name)
+            reason = platform_cls.unavailable_reason()
+            if reason is None:
+                return platform_cls()
+            tried.append(f"{name}: {reason}")
+        pytest.skip(f"no available platform ({'; '.join(tried) or 'none installed'})")
+
+    def require_supported(self, method: QuantizationMethod, platform: Platform, dtype: str) -> None:
+        """Skip the test, with the method's reasons, if it refuses ``dtype`` on ``platform``."""
+        reasons = method.unsupported_reasons(platform, getattr(torch, dtype))
+        if reasons:
+            pytest.skip(f"{self.quantization} on {platform.name} with {dtype}: {'; '.join(reasons)}")
 
     def checkpoint(self, in_features: int, out_features: int, bias: bool, seed: int) -> dict[str, torch.Tensor]:
         """Checkpoint tensors of a random layer (weights of a realistic scale, outliers included)."""
@@ -90,13 +128,13 @@ class QuantizationMethodContract(ComponentContract):
         return tensors
 
     def build_layer(self, component: type, method: QuantizationMethod, shape, bias: bool, dtype: str, tensors):
-        """A loaded QuantLinear, built and post-processed as the engine does."""
+        """A loaded ColumnLinear named ``layer``, built and post-processed as the engine does."""
         with default_dtype(getattr(torch, dtype)):
-            layer = QuantLinear(shape[0], shape[1], bias, method)
-        own = dict(layer.named_parameters(recurse=False))
-        for name, tensor in tensors.items():
-            own[name].data.copy_(tensor)
-        method.process_weights_after_loading(layer)
+            layer = ColumnLinear(shape[0], shape[1], bias, method, "layer")
+        holder = torch.nn.Module()
+        holder.layer = layer
+        load_checkpoint(holder, ((f"layer.{name}", tensor) for name, tensor in tensors.items()))
+        layer.quant_method.process_weights_after_loading(layer)
         return layer
 
     def reference(self, tensors: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
@@ -110,24 +148,27 @@ class QuantizationMethodContract(ComponentContract):
         """The layer's parameters are exactly the checkpoint's tensors, with their shapes and dtypes,
         so a model's ``load_weights`` can copy them in by name."""
         tensors = self.checkpoint(*shape, bias, seed=0)
-        layer = QuantLinear(shape[0], shape[1], bias, component(self.quant_config))
+        layer = ColumnLinear(shape[0], shape[1], bias, component(self.quant_config), "layer")
         params = dict(layer.named_parameters(recurse=False))
         assert set(params) == set(tensors), (
             f"create_weights registered parameters {sorted(params)}, the checkpoint holds {sorted(tensors)}"
         )
         for name, tensor in tensors.items():
             param = params[name]
-            assert param.shape == tensor.shape and param.dtype == tensor.dtype, (
+            scalar = param.numel() == tensor.numel() == 1  # a per-tensor scale loads from [] or [1]
+            assert (param.shape == tensor.shape or scalar) and param.dtype == tensor.dtype, (
                 f"parameter {name!r} is {tuple(param.shape)} {param.dtype}, "
                 f"the checkpoint tensor {tuple(tensor.shape)} {tensor.dtype}"
             )
 
     @pytest.mark.parametrize("bias", [False, True], ids=["no_bias", "bias"])
-    def test_apply_matches_the_dequantized_reference(self, component, shape, bias, dtype):
+    def test_apply_matches_the_dequantized_reference(self, component, platform, shape, bias, dtype):
         """``apply`` computes ``x @ W.T + b`` for the weight the checkpoint encodes, for any leading
         dimensions, in the activations' dtype."""
+        method = component(self.quant_config)
+        self.require_supported(method, platform, dtype)
         tensors = self.checkpoint(*shape, bias, seed=1)
-        layer = self.build_layer(component, component(self.quant_config), shape, bias, dtype, tensors)
+        layer = self.build_layer(component, method, shape, bias, dtype, tensors)
         tolerance = self.reference_tolerance[dtype]
         for leading in [(5,), (2, 3)]:
             x = torch.randn(*leading, shape[0], generator=torch.Generator().manual_seed(2)).to(getattr(torch, dtype))
@@ -172,3 +213,46 @@ class QuantizationMethodContract(ComponentContract):
                 f"layer {index} of 3 built by one method instance computes another layer's weights "
                 f"(relative error {error:.3g})"
             )
+
+    def test_fused_layer_loads_each_shard_from_a_checkpoint_file(self, component, platform, shape, dtype, tmp_path):
+        """Three projections fused into one ``MergedColumnLinear`` (as q/k/v) load from a safetensors
+        file through ``load_checkpoint`` and compute the stacked dequantized shards."""
+        from safetensors.torch import load_file, save_file
+
+        method = component(self.quant_config)
+        self.require_supported(method, platform, dtype)
+        shards = {name: self.checkpoint(*shape, True, seed=20 + i) for i, name in enumerate("qkv")}
+        file = tmp_path / "model.safetensors"
+        save_file({f"attn.{s}_proj.{n}": t.contiguous() for s, ts in shards.items() for n, t in ts.items()}, file)
+        with default_dtype(getattr(torch, dtype)):
+            layer = MergedColumnLinear(
+                shape[0], [shape[1]] * 3, True, method, "attn.qkv_proj", [f"attn.{s}_proj" for s in "qkv"]
+            )
+        holder = torch.nn.Module()
+        holder.attn = torch.nn.Module()
+        holder.attn.qkv_proj = layer
+        load_checkpoint(holder, load_file(file).items())
+        layer.quant_method.process_weights_after_loading(layer)
+        x = torch.randn(6, shape[0], generator=torch.Generator().manual_seed(5)).to(getattr(torch, dtype))
+        with torch.no_grad():
+            y = layer(x)
+        expected = torch.cat([self.reference(tensors, x) for tensors in shards.values()], dim=-1)
+        error = relative_error(y, expected)
+        bound = self.reference_tolerance[dtype] + self.fused_tolerance
+        assert error <= bound, (
+            f"a fused layer of 3 shards differs from the stacked dequantized shards by {error:.3g} "
+            f"(relative), more than {bound}: a shard was loaded into the wrong part of a parameter"
+        )
+
+    def test_resident_bytes_fit_the_format(self, component, platform, shape, dtype):
+        """After loading, the layer holds about the checkpoint's bytes (weights stay quantized)."""
+        method = component(self.quant_config)
+        self.require_supported(method, platform, dtype)
+        tensors = self.checkpoint(*shape, False, seed=6)
+        layer = self.build_layer(component, method, shape, False, dtype, tensors)
+        resident = sum(t.numel() * t.element_size() for t in [*layer.parameters(), *layer.buffers()])
+        stored = sum(t.numel() * t.element_size() for t in tensors.values())
+        assert resident <= self.max_resident_ratio * stored, (
+            f"the loaded layer holds {resident} bytes for a checkpoint of {stored} bytes "
+            f"(more than {self.max_resident_ratio}x): weights should stay in the format's size"
+        )

@@ -7,11 +7,12 @@ attention and after the MLP besides the usual pre-norms, a GELU-tanh gated MLP a
 scale of ``query_pre_attn_scalar ** -0.5``. Gemma 3 adds per-head q/k RMSNorm and a rope base
 per layer type (``rope_parameters["sliding_attention"]`` / ``["full_attention"]``); Gemma 2
 soft-caps attention scores and final logits instead. Parameter names mirror HF's, except that
-q/k/v are fused into ``qkv_proj`` as in the Llama plugin, whose weight loading is reused.
+q/k/v are fused into ``qkv_proj`` (a ``MergedColumnLinear`` that loads each shard).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, ClassVar
 
 import torch
@@ -19,9 +20,17 @@ import torch.nn.functional as F
 
 from kvserve.forward_context import ForwardContext
 from kvserve.interfaces import QuantizationMethod
-from kvserve.layers import PagedAttention, QuantLinear, RMSNorm, RotaryEmbedding
+from kvserve.layers import (
+    ColumnLinear,
+    MergedColumnLinear,
+    PagedAttention,
+    RMSNorm,
+    RotaryEmbedding,
+    RowLinear,
+    VocabEmbedding,
+    load_checkpoint,
+)
 from kvserve.layers.rotary import rope_parameters
-from kvserve_models_llama.model import LlamaForCausalLM, StackedLinear, VocabEmbedding
 
 GEMMA_NORM_OFFSET = 1.0
 """Gemma's RMSNorm multiplies by ``1 + weight``."""
@@ -38,6 +47,7 @@ class GemmaAttention(torch.nn.Module):
         rotary_emb: RotaryEmbedding,
         quant_method: QuantizationMethod,
         qk_norm: bool,
+        prefix: str,
     ) -> None:
         super().__init__()
         self.num_heads = hf_config.num_attention_heads
@@ -47,9 +57,11 @@ class GemmaAttention(torch.nn.Module):
         self.split_sizes = [q_size, kv_size, kv_size]
         hidden = hf_config.hidden_size
         bias = bool(hf_config.attention_bias)
-        shards = {"q_proj": q_size, "k_proj": kv_size, "v_proj": kv_size}
-        self.qkv_proj = StackedLinear(hidden, shards, bias, quant_method)
-        self.o_proj = QuantLinear(q_size, hidden, bias, quant_method)
+        self.qkv_proj = MergedColumnLinear(
+            hidden, self.split_sizes, bias, quant_method, f"{prefix}.qkv_proj",
+            [f"{prefix}.{shard}" for shard in ("q_proj", "k_proj", "v_proj")],
+        )  # fmt: skip
+        self.o_proj = RowLinear(q_size, hidden, bias, quant_method, f"{prefix}.o_proj")
         if qk_norm:
             self.q_norm = RMSNorm(self.head_dim, hf_config.rms_norm_eps, GEMMA_NORM_OFFSET)
             self.k_norm = RMSNorm(self.head_dim, hf_config.rms_norm_eps, GEMMA_NORM_OFFSET)
@@ -81,16 +93,16 @@ class GemmaAttention(torch.nn.Module):
 class GemmaMLP(torch.nn.Module):
     """Gated feed-forward: ``down(gelu_tanh(gate(x)) * up(x))``."""
 
-    def __init__(self, hf_config: Any, quant_method: QuantizationMethod) -> None:
+    def __init__(self, hf_config: Any, quant_method: QuantizationMethod, prefix: str) -> None:
         super().__init__()
         if hf_config.hidden_activation != "gelu_pytorch_tanh":
             raise ValueError(
                 f"hidden_activation {hf_config.hidden_activation!r} is not supported (only 'gelu_pytorch_tanh')"
             )
         hidden, intermediate = hf_config.hidden_size, hf_config.intermediate_size
-        self.gate_proj = QuantLinear(hidden, intermediate, False, quant_method)
-        self.up_proj = QuantLinear(hidden, intermediate, False, quant_method)
-        self.down_proj = QuantLinear(intermediate, hidden, False, quant_method)
+        self.gate_proj = ColumnLinear(hidden, intermediate, False, quant_method, f"{prefix}.gate_proj")
+        self.up_proj = ColumnLinear(hidden, intermediate, False, quant_method, f"{prefix}.up_proj")
+        self.down_proj = RowLinear(intermediate, hidden, False, quant_method, f"{prefix}.down_proj")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh") * self.up_proj(x))
@@ -99,14 +111,16 @@ class GemmaMLP(torch.nn.Module):
 class GemmaDecoderLayer(torch.nn.Module):
     """Attention and MLP, each between a pre-norm and a post-norm, each added to the residual."""
 
-    def __init__(self, hf_config: Any, self_attn: GemmaAttention, quant_method: QuantizationMethod) -> None:
+    def __init__(
+        self, hf_config: Any, self_attn: GemmaAttention, quant_method: QuantizationMethod, prefix: str
+    ) -> None:
         super().__init__()
         hidden, eps = hf_config.hidden_size, hf_config.rms_norm_eps
         self.input_layernorm = RMSNorm(hidden, eps, GEMMA_NORM_OFFSET)
         self.self_attn = self_attn
         self.post_attention_layernorm = RMSNorm(hidden, eps, GEMMA_NORM_OFFSET)
         self.pre_feedforward_layernorm = RMSNorm(hidden, eps, GEMMA_NORM_OFFSET)
-        self.mlp = GemmaMLP(hf_config, quant_method)
+        self.mlp = GemmaMLP(hf_config, quant_method, f"{prefix}.mlp")
         self.post_feedforward_layernorm = RMSNorm(hidden, eps, GEMMA_NORM_OFFSET)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
@@ -150,8 +164,11 @@ class Gemma3ForCausalLM(torch.nn.Module):
         layers = [
             GemmaDecoderLayer(
                 hf_config,
-                GemmaAttention(hf_config, i, rotary_by_type[layer_type], quant_method, self.qk_norm),
+                GemmaAttention(
+                    hf_config, i, rotary_by_type[layer_type], quant_method, self.qk_norm, f"model.layers.{i}.self_attn"
+                ),
                 quant_method,
+                f"model.layers.{i}",
             )
             for i, layer_type in enumerate(hf_config.layer_types)
         ]
@@ -187,9 +204,11 @@ class Gemma3ForCausalLM(torch.nn.Module):
         cap = getattr(self.hf_config, "final_logit_softcapping", None)
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
-    # Same HF names, fused q/k/v shards and tied-embedding rules as the Llama family.
-    load_weights = LlamaForCausalLM.load_weights
-    _checkpoint_names = LlamaForCausalLM._checkpoint_names
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy HF-named tensors into the parameters (q/k/v into their shards of ``qkv_proj``); a tied
+        checkpoint's ``lm_head.weight`` is skipped. Raises ``kvserve.errors.WeightLoadError`` naming a
+        tensor with no place in the model, or the tensors the checkpoint lacks."""
+        load_checkpoint(self, weights, skip=lambda name: self.tie_word_embeddings and name == "lm_head.weight")
 
 
 class Gemma2ForCausalLM(Gemma3ForCausalLM):

@@ -3,8 +3,8 @@
 The four share one implementation; they differ only in attention biases, Qwen3's
 per-head q/k RMSNorm and which layers use the config's sliding window (each layer's
 window goes to the attention backend through its PagedAttention). Parameter names
-mirror HF's, except that q/k/v are fused into ``qkv_proj`` (one matmul) and filled
-shard by shard.
+mirror HF's, except that q/k/v are fused into ``qkv_proj`` (one matmul, a
+``MergedColumnLinear`` that loads each shard).
 """
 
 from __future__ import annotations
@@ -17,52 +17,16 @@ import torch.nn.functional as F
 
 from kvserve.forward_context import ForwardContext
 from kvserve.interfaces import QuantizationMethod
-from kvserve.layers import PagedAttention, QuantLinear, RMSNorm, RotaryEmbedding
-
-# (checkpoint projection, fused layer holding it); the projection name is also its shard id.
-STACKED_PROJECTIONS = (
-    ("q_proj", "qkv_proj"),
-    ("k_proj", "qkv_proj"),
-    ("v_proj", "qkv_proj"),
+from kvserve.layers import (
+    ColumnLinear,
+    MergedColumnLinear,
+    PagedAttention,
+    RMSNorm,
+    RotaryEmbedding,
+    RowLinear,
+    VocabEmbedding,
+    load_checkpoint,
 )
-
-
-class StackedLinear(QuantLinear):
-    """Several checkpoint projections of the same input stacked along the output dimension.
-
-    Each shard is a row range of every parameter, as for dense weights (a quantization method
-    whose packing moves the output dimension off dim 0 would need its own shard loader).
-    """
-
-    def __init__(self, in_features: int, shard_sizes: dict[str, int], bias: bool, quant_method: QuantizationMethod):
-        super().__init__(in_features, sum(shard_sizes.values()), bias, quant_method)
-        self.shard_rows: dict[str, tuple[int, int]] = {}
-        """Shard id -> (first output row, number of rows)."""
-        start = 0
-        for shard, size in shard_sizes.items():
-            self.shard_rows[shard] = (start, size)
-            start += size
-
-    def load_shard(self, param_name: str, shard: str, tensor: torch.Tensor) -> None:
-        """Copy the checkpoint tensor of ``shard`` into its rows of parameter ``param_name``."""
-        start, size = self.shard_rows[shard]
-        rows = getattr(self, param_name).data.narrow(0, start, size)
-        if tensor.shape != rows.shape:
-            raise ValueError(f"{shard}.{param_name}: expected shape {tuple(rows.shape)}, got {tuple(tensor.shape)}")
-        rows.copy_(tensor)
-
-
-class VocabEmbedding(torch.nn.Module):
-    """A ``[vocab, hidden]`` matrix used as token embedding and/or as the LM head."""
-
-    def __init__(self, vocab_size: int, hidden_size: int) -> None:
-        super().__init__()
-        # Left uninitialised: load_weights fills it, and random init of a large vocab is slow.
-        self.weight = torch.nn.Parameter(torch.empty(vocab_size, hidden_size), requires_grad=False)
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Embedding rows of ``input_ids``."""
-        return F.embedding(input_ids, self.weight)
 
 
 class LlamaAttention(torch.nn.Module):
@@ -77,6 +41,7 @@ class LlamaAttention(torch.nn.Module):
         qkv_bias: bool,
         o_bias: bool,
         qk_norm: bool,
+        prefix: str,
     ) -> None:
         super().__init__()
         self.num_heads = hf_config.num_attention_heads
@@ -85,9 +50,11 @@ class LlamaAttention(torch.nn.Module):
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.split_sizes = [q_size, kv_size, kv_size]
         hidden = hf_config.hidden_size
-        shards = {"q_proj": q_size, "k_proj": kv_size, "v_proj": kv_size}
-        self.qkv_proj = StackedLinear(hidden, shards, qkv_bias, quant_method)
-        self.o_proj = QuantLinear(q_size, hidden, o_bias, quant_method)
+        self.qkv_proj = MergedColumnLinear(
+            hidden, self.split_sizes, qkv_bias, quant_method, f"{prefix}.qkv_proj",
+            [f"{prefix}.{shard}" for shard in ("q_proj", "k_proj", "v_proj")],
+        )  # fmt: skip
+        self.o_proj = RowLinear(q_size, hidden, o_bias, quant_method, f"{prefix}.o_proj")
         if qk_norm:  # Qwen3: RMSNorm over each head's vector, before rope
             self.q_norm = RMSNorm(self.head_dim, hf_config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, hf_config.rms_norm_eps)
@@ -112,7 +79,7 @@ class LlamaAttention(torch.nn.Module):
 class LlamaMLP(torch.nn.Module):
     """SwiGLU feed-forward: ``down(silu(gate(x)) * up(x))`` with gate and up fused."""
 
-    def __init__(self, hf_config: Any, quant_method: QuantizationMethod) -> None:
+    def __init__(self, hf_config: Any, quant_method: QuantizationMethod, prefix: str) -> None:
         super().__init__()
         if hf_config.hidden_act != "silu":
             raise ValueError(f"hidden_act {hf_config.hidden_act!r} is not supported (only 'silu')")
@@ -120,9 +87,9 @@ class LlamaMLP(torch.nn.Module):
         bias = getattr(hf_config, "mlp_bias", False)
         # gate and up stay separate: fused, their weight outgrows the CPU's L2 cache and the
         # single matmul runs slower than two (measured ~2x on SmolLM2's 576x3072 at batch 32).
-        self.gate_proj = QuantLinear(hidden, intermediate, bias, quant_method)
-        self.up_proj = QuantLinear(hidden, intermediate, bias, quant_method)
-        self.down_proj = QuantLinear(intermediate, hidden, bias, quant_method)
+        self.gate_proj = ColumnLinear(hidden, intermediate, bias, quant_method, f"{prefix}.gate_proj")
+        self.up_proj = ColumnLinear(hidden, intermediate, bias, quant_method, f"{prefix}.up_proj")
+        self.down_proj = RowLinear(intermediate, hidden, bias, quant_method, f"{prefix}.down_proj")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -131,12 +98,14 @@ class LlamaMLP(torch.nn.Module):
 class LlamaDecoderLayer(torch.nn.Module):
     """Pre-norm residual block: attention, then MLP (``self_attn`` is built by the caller)."""
 
-    def __init__(self, hf_config: Any, self_attn: LlamaAttention, quant_method: QuantizationMethod) -> None:
+    def __init__(
+        self, hf_config: Any, self_attn: LlamaAttention, quant_method: QuantizationMethod, prefix: str
+    ) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps)
         self.self_attn = self_attn
         self.post_attention_layernorm = RMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps)
-        self.mlp = LlamaMLP(hf_config, quant_method)
+        self.mlp = LlamaMLP(hf_config, quant_method, f"{prefix}.mlp")
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         hidden = hidden + self.self_attn(positions, self.input_layernorm(hidden), ctx)
@@ -176,8 +145,18 @@ class LlamaForCausalLM(torch.nn.Module):
         layers = [
             LlamaDecoderLayer(
                 hf_config,
-                LlamaAttention(hf_config, i, rotary_emb, quant_method, qkv_bias, o_bias, self.qk_norm),
+                LlamaAttention(
+                    hf_config,
+                    i,
+                    rotary_emb,
+                    quant_method,
+                    qkv_bias,
+                    o_bias,
+                    self.qk_norm,
+                    f"model.layers.{i}.self_attn",
+                ),
                 quant_method,
+                f"model.layers.{i}",
             )
             for i in range(hf_config.num_hidden_layers)
         ]
@@ -214,44 +193,16 @@ class LlamaForCausalLM(torch.nn.Module):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy HF-named tensors into the parameters, casting to their dtype and device.
 
-        q/k/v and gate/up tensors land in their rows of the fused layers. A tied checkpoint's
-        ``lm_head.weight`` (a copy of the embedding) and rope ``inv_freq`` buffers are skipped.
-        Raises KeyError for a tensor with no place in the model or a parameter left unloaded.
+        q/k/v land in their shards of the fused ``qkv_proj`` (the linear layers say where). A tied
+        checkpoint's ``lm_head.weight`` (a copy of the embedding) and rope ``inv_freq`` buffers are
+        skipped. Raises ``kvserve.errors.WeightLoadError`` naming a tensor with no place in the
+        model, or the tensors the checkpoint lacks.
         """
-        params = dict(self.named_parameters())
-        modules = dict(self.named_modules())
-        unloaded = self._checkpoint_names()
-        for name, tensor in weights:
-            if name.endswith("rotary_emb.inv_freq") or (self.tie_word_embeddings and name == "lm_head.weight"):
-                continue
-            if name not in unloaded:
-                raise KeyError(f"checkpoint tensor {name!r} has no place in {type(self).__name__}")
-            unloaded.remove(name)
-            module_name, _, param_name = name.rpartition(".")
-            parent, _, projection = module_name.rpartition(".")
-            fused = dict(STACKED_PROJECTIONS).get(projection)
-            if fused is not None:
-                modules[f"{parent}.{fused}"].load_shard(param_name, projection, tensor)
-                continue
-            param = params[name]
-            if tensor.shape != param.shape:
-                raise ValueError(f"{name}: expected shape {tuple(param.shape)}, got {tuple(tensor.shape)}")
-            param.data.copy_(tensor)
-        if unloaded:
-            raise KeyError(f"checkpoint lacks {len(unloaded)} tensors, e.g. {sorted(unloaded)[:5]}")
 
-    def _checkpoint_names(self) -> set[str]:
-        """The HF tensor names a checkpoint must provide: fused parameters expand to their shards."""
-        names = set()
-        for name, _ in self.named_parameters():
-            module_name, _, param_name = name.rpartition(".")
-            parent, _, layer = module_name.rpartition(".")
-            shards = [projection for projection, fused in STACKED_PROJECTIONS if fused == layer]
-            if shards:
-                names.update(f"{parent}.{shard}.{param_name}" for shard in shards)
-            else:
-                names.add(name)
-        return names
+        def skip(name: str) -> bool:
+            return name.endswith("rotary_emb.inv_freq") or (self.tie_word_embeddings and name == "lm_head.weight")
+
+        load_checkpoint(self, weights, skip=skip)
 
 
 class MistralForCausalLM(LlamaForCausalLM):

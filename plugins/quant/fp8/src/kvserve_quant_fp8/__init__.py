@@ -1,0 +1,1 @@
+"""FP8 E4M3 weights for kvserve: ``fp8`` (vLLM-style and online) and ``compressed-tensors`` checkpoints."""
