@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from transformers import GenerationConfig
 
+from kvserve import distributed
 from kvserve.config import AUTO, EngineConfig
 from kvserve.engine import components
 from kvserve.engine.model_runner import ModelRunner, StepLogits
@@ -132,6 +133,11 @@ class LLMEngine:
         if not architectures:
             raise ConfigError(f"model: {source.path} has no 'architectures' in its config.json")
         model_cls = load_component("model", architectures[0])
+        if distributed.world_size() > 1 and not getattr(model_cls, "supports_tensor_parallel", False):
+            raise ConfigError(
+                f"tensor_parallel_size: the model plugin for {architectures[0]} ({model_cls.__name__}) does not "
+                "support tensor parallelism"
+            )
         with torch.device(self.platform.device()), default_dtype(self.dtype):
             model = model_cls(self.hf_config, self.quant_method)
         model.load_weights(source.weights())

@@ -2,7 +2,14 @@
 
 from kvserve.layers.attention import PagedAttention, attention_layers
 from kvserve.layers.embedding import VocabEmbedding
-from kvserve.layers.linear import ColumnLinear, LinearBase, MergedColumnLinear, RowLinear, UnquantizedLinearMethod
+from kvserve.layers.linear import (
+    ColumnLinear,
+    LinearBase,
+    MergedColumnLinear,
+    QKVLinear,
+    RowLinear,
+    UnquantizedLinearMethod,
+)
 from kvserve.layers.loading import load_checkpoint
 from kvserve.layers.norm import RMSNorm
 from kvserve.layers.rotary import RotaryEmbedding
@@ -12,6 +19,7 @@ __all__ = [
     "LinearBase",
     "MergedColumnLinear",
     "PagedAttention",
+    "QKVLinear",
     "RMSNorm",
     "RotaryEmbedding",
     "RowLinear",
