@@ -116,3 +116,16 @@ def _children() -> list[int]:
             if int(fields[1]) == me and fields[0] != "Z":
                 kids.append(int(entry))
     return kids
+
+
+def test_parallel_config_fields_are_checked(tmp_path):
+    from kvserve.config import EngineConfig
+    from kvserve.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="tensor_parallel_size"):
+        EngineConfig.from_flat(model="m", tensor_parallel_size=0)
+    with pytest.raises(ConfigError, match="distributed_executor_backend"):
+        EngineConfig.from_flat(model="m", distributed_executor_backend="threads")
+    path = build_tiny_model("llama", tmp_path / "llama")
+    with pytest.raises(ConfigError, match="distributed_executor_backend: 'ray' is not implemented"):
+        LLM(str(path), tensor_parallel_size=2, distributed_executor_backend="ray", **ENGINE)
