@@ -68,7 +68,10 @@ class QuantizationConfig(_Section):
 
 
 class ParallelConfig(_Section):
-    tensor_parallel_size: Literal[1] = 1
+    tensor_parallel_size: PositiveInt = Field(1, description="ranks sharing each layer; above 1, a worker process each")
+    distributed_executor_backend: Literal["auto", "mp", "ray"] = Field(
+        AUTO, description="how tensor-parallel workers run: mp (processes on this machine; auto picks it), ray"
+    )
 
 
 class ServerConfig(_Section):

@@ -41,3 +41,7 @@ class MissingExtraError(KvserveError, ImportError):
 class WeightLoadError(KvserveError, ValueError):
     """A checkpoint tensor does not fit the model (no place for it, wrong shape, or missing);
     the message names the tensor."""
+
+
+class WorkerError(KvserveError, RuntimeError):
+    """A tensor-parallel worker process failed to start, failed in a step, or died (names the rank)."""

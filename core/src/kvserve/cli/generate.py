@@ -8,6 +8,7 @@ import typer
 from rich.console import Console
 
 from kvserve.cli.app import app
+from kvserve.cli.options import ExecutorBackend, TensorParallelSize
 
 
 @app.command()
@@ -23,12 +24,21 @@ def generate(
     dtype: str = "auto",
     max_num_seqs: int = 128,
     max_model_len: Annotated[int | None, typer.Option()] = None,
+    tensor_parallel_size: TensorParallelSize = None,
+    distributed_executor_backend: ExecutorBackend = None,
 ) -> None:
     """Generate completions offline and print them."""
     from kvserve.entrypoints.llm import LLM
     from kvserve.sampling_params import SamplingParams
 
-    llm = LLM(model=model, dtype=dtype, max_num_seqs=max_num_seqs, max_model_len=max_model_len)
+    parallel = {
+        "tensor_parallel_size": tensor_parallel_size,
+        "distributed_executor_backend": distributed_executor_backend,
+    }
+    llm = LLM(
+        model=model, dtype=dtype, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+        **{k: v for k, v in parallel.items() if v is not None},
+    )  # fmt: skip
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
     if raw:
         outputs = llm.generate(prompts, params)

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from kvserve.cli.app import app
-from kvserve.cli.options import Assignments, ConfigFile, resolve_config
+from kvserve.cli.options import Assignments, ConfigFile, ExecutorBackend, TensorParallelSize, resolve_config
 
 
 @app.command()
@@ -27,6 +27,8 @@ def serve(
     max_model_len: Annotated[int | None, typer.Option(help="Context length (default: the model's).")] = None,
     max_num_seqs: Annotated[int | None, typer.Option(help="Sequences per batch (default: 128).")] = None,
     dtype: Annotated[str | None, typer.Option(help="auto, float32, bfloat16 or float16.")] = None,
+    tensor_parallel_size: TensorParallelSize = None,
+    distributed_executor_backend: ExecutorBackend = None,
     config_file: ConfigFile = None,
     assignments: Assignments = None,
     log_level: Annotated[str, typer.Option(help="uvicorn's log level.")] = "info",
@@ -42,5 +44,6 @@ def serve(
         config_file, assignments, model=model, host=host, port=port, api_key=api_key,
         served_model_name=served_model_name, max_concurrent_sequences=max_concurrent_sequences,
         max_model_len=max_model_len, max_num_seqs=max_num_seqs, dtype=dtype,
+        tensor_parallel_size=tensor_parallel_size, distributed_executor_backend=distributed_executor_backend,
     )  # fmt: skip
     run_server(config, log_level=log_level)

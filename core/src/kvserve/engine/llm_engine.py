@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from transformers import GenerationConfig
 
+from kvserve import distributed
 from kvserve.config import AUTO, EngineConfig
 from kvserve.engine import components
 from kvserve.engine.model_runner import ModelRunner, StepLogits
@@ -21,6 +22,7 @@ from kvserve.engine.sampler import Sampler, SamplerOutput, top_logprobs
 from kvserve.engine.stats import EngineStats, StatLogger
 from kvserve.engine.validation import check_request
 from kvserve.errors import ConfigError, EngineDeadError
+from kvserve.executor import Executor, InProcessExecutor
 from kvserve.interfaces import AttentionBackend, LayerAttentionSpec, QuantizationMethod, SchedulerOutput
 from kvserve.layers import LinearBase, UnquantizedLinearMethod, attention_layers
 from kvserve.logging_setup import configure_logging
@@ -60,19 +62,32 @@ class LLMEngine:
         self.max_model_len = self._max_model_len()
         self.eos_token_ids = self._eos_token_ids(source)
 
-        self.model = self._build_model(source)
-        # The backend exists before the cache is sized: it states what a block costs.
-        backend_cls, spec = components.resolve_attention(
-            config, self.platform, self._attention_shape(), self._attention_layers(), self.dtype
-        )
-        backend = backend_cls(spec)
         scheduler_cls, manager_cls = components.resolve_policy_components(config)
-        num_blocks = self._num_kv_blocks(backend)
-        kv_caches = backend.allocate_kv_cache(num_blocks)
-        self.kv_cache_manager = manager_cls(num_blocks, spec.block_size, config.cache.enable_prefix_caching)
+        if config.parallel.tensor_parallel_size > 1 and not distributed.is_worker():
+            # The driver: workers hold the model shards and their KV caches; it plans and samples.
+            self.model = self.runner = None
+            self.executor = self._distributed_executor()
+            num_blocks, block_size = self.executor.info.num_kv_blocks, self.executor.info.block_size
+            backend_name = f"{self.executor.info.attention_backend} x{config.parallel.tensor_parallel_size} ranks"
+        else:
+            self.model = self._build_model(source)
+            # The backend exists before the cache is sized: it states what a block costs.
+            backend_cls, spec = components.resolve_attention(
+                config, self.platform, self._attention_shape(), self._attention_layers(), self.dtype
+            )
+            backend = backend_cls(spec)
+            num_blocks, block_size, backend_name = self._num_kv_blocks(backend), spec.block_size, backend_cls.name
+        self.num_kv_blocks = num_blocks
+        """KV blocks of the cache, the null block included."""
+        self.kv_cache_manager = manager_cls(num_blocks, block_size, config.cache.enable_prefix_caching)
         self.scheduler = scheduler_cls(config.scheduler, self.kv_cache_manager, self.max_model_len)
         self.sampler = Sampler(config.model.seed)
-        self.runner = ModelRunner(self.model, backend, kv_caches, self.kv_cache_manager, self.platform.device())
+        if self.model is not None:
+            kv_caches = backend.allocate_kv_cache(num_blocks)
+            self.runner = ModelRunner(self.model, backend, kv_caches, self.kv_cache_manager, self.platform.device())
+            self.executor = InProcessExecutor(self.runner)
+        else:
+            self.executor.kv_cache_manager = self.kv_cache_manager
         self.states: dict[str, RequestState] = {}
         """User requests by id."""
         self.sequences: dict[str, tuple[RequestState, SequenceState]] = {}
@@ -84,12 +99,20 @@ class LLMEngine:
             "kvserve engine: model=%s platform=%s dtype=%s (%s) attention_backend=%s scheduler=%s "
             "kv_cache_manager=%s block_size=%d num_kv_blocks=%d (%d tokens) max_model_len=%d",
             source.path, self.platform.name, str(self.dtype).removeprefix("torch."),
-            components.dtype_reason(config, self.platform), backend_cls.name,
-            scheduler_cls.name, manager_cls.name, spec.block_size, num_blocks - 1,
-            (num_blocks - 1) * spec.block_size, self.max_model_len,
+            components.dtype_reason(config, self.platform), backend_name,
+            scheduler_cls.name, manager_cls.name, block_size, num_blocks - 1,
+            (num_blocks - 1) * block_size, self.max_model_len,
         )  # fmt: skip
 
     # -- construction -------------------------------------------------------------------
+    def _distributed_executor(self) -> Executor:
+        choice = self.config.parallel.distributed_executor_backend
+        if choice == "ray":
+            raise ConfigError("distributed_executor_backend: 'ray' is not implemented yet; use 'mp' (or 'auto')")
+        from kvserve.executor.multiproc import MultiprocExecutor
+
+        return MultiprocExecutor(self.config, self.platform.distributed_backend)
+
     def _max_model_len(self) -> int:
         limit = getattr(self.hf_config, "max_position_embeddings", None)
         wanted = self.config.model.max_model_len or limit
@@ -132,6 +155,11 @@ class LLMEngine:
         if not architectures:
             raise ConfigError(f"model: {source.path} has no 'architectures' in its config.json")
         model_cls = load_component("model", architectures[0])
+        if distributed.world_size() > 1 and not getattr(model_cls, "supports_tensor_parallel", False):
+            raise ConfigError(
+                f"tensor_parallel_size: the model plugin for {architectures[0]} ({model_cls.__name__}) does not "
+                "support tensor parallelism"
+            )
         with torch.device(self.platform.device()), default_dtype(self.dtype):
             model = model_cls(self.hf_config, self.quant_method)
         model.load_weights(source.weights())
@@ -282,7 +310,7 @@ class LLMEngine:
                 self.stat_logger.record_step(0, 0, len(plan.preempted))
                 return []
             self._mark_scheduled(plan)
-            step = self.runner.execute(plan)
+            step = self.executor.execute(plan)
             owners, rows = self._sampling_rows(plan, step)
             sampled = self.sampler(step.logits[rows], owners)
             changed = self._update(plan, step, owners, sampled)
@@ -392,6 +420,11 @@ class LLMEngine:
                 self.abort_request(request_id)
         self.states.clear()
         self.sequences.clear()
+        self.executor.shutdown()
+
+    def shutdown(self) -> None:
+        """Stop the executor's workers (tensor parallelism); the engine cannot step afterwards."""
+        self.executor.shutdown()
 
     def _check_alive(self) -> None:
         if self.dead_error is not None:
@@ -434,7 +467,7 @@ class LLMEngine:
             follower.num_computed_tokens = 0
             self.scheduler.add_request(follower)
             return
-        self.runner.copy_blocks(pairs)
+        self.executor.copy_blocks(pairs)
         self.scheduler.add_running(follower)
 
     # -- bookkeeping ----------------------------------------------------------------------

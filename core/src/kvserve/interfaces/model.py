@@ -21,6 +21,12 @@ class Model(Protocol):
     and ``PagedAttention``, which calls the engine's attention backend; ``load_checkpoint``
     loads the weight stream into them.
     The engine constructs it on the target device with the default dtype already set.
+
+    Tensor parallelism: a model class with ``supports_tensor_parallel = True`` is built on each
+    rank with ``kvserve.distributed`` already set up; its core linear layers take their rank's
+    slice (``QKVLinear`` for q/k/v heads), its attention layers and :meth:`attention_shape` state
+    the rank's heads, and :meth:`compute_logits` returns the full vocabulary on rank 0. Without
+    the attribute, ``tensor_parallel_size > 1`` is refused for the model.
     """
 
     def __init__(self, hf_config: Any, quant_method: QuantizationMethod) -> None:
@@ -30,7 +36,8 @@ class Model(Protocol):
         """
 
     def attention_shape(self) -> tuple[int, int, int, int]:
-        """``(num_layers, num_heads, num_kv_heads, head_dim)`` of the KV cache this model needs."""
+        """``(num_layers, num_heads, num_kv_heads, head_dim)`` of the KV cache this model needs
+        (this tensor-parallel rank's heads)."""
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy HF-named checkpoint tensors into the parameters (fusing shards as needed).

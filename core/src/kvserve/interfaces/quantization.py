@@ -31,6 +31,11 @@ class ParamLoading:
     loads its (one-element) tensor into index ``i``. Only with ``output_dim=None``."""
     optional: bool = False
     """The checkpoint may omit it (the value created stays)."""
+    input_dim: int | None = None
+    """The dimension the input features run along (a dense ``weight [out, in]``: 1), along which a
+    row-parallel layer takes its rank's slice; ``None``: the parameter does not grow with the
+    input features (a bias, a per-channel scale), or the method cannot be split by input under
+    tensor parallelism (loading it into a row-parallel layer of more than one rank is an error)."""
 
 
 class QuantizationMethod(ABC):

@@ -3,7 +3,14 @@
 from kvserve.layers.attention import PagedAttention, attention_layers
 from kvserve.layers.embedding import VocabEmbedding
 from kvserve.layers.kv_store import store_kv
-from kvserve.layers.linear import ColumnLinear, LinearBase, MergedColumnLinear, RowLinear, UnquantizedLinearMethod
+from kvserve.layers.linear import (
+    ColumnLinear,
+    LinearBase,
+    MergedColumnLinear,
+    QKVLinear,
+    RowLinear,
+    UnquantizedLinearMethod,
+)
 from kvserve.layers.loading import load_checkpoint
 from kvserve.layers.norm import RMSNorm
 from kvserve.layers.rotary import RotaryEmbedding
@@ -13,6 +20,7 @@ __all__ = [
     "LinearBase",
     "MergedColumnLinear",
     "PagedAttention",
+    "QKVLinear",
     "RMSNorm",
     "RotaryEmbedding",
     "RowLinear",

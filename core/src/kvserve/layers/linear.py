@@ -1,8 +1,13 @@
-"""Linear layers whose weight format is owned by a QuantizationMethod.
+"""Linear layers whose weight format is owned by a QuantizationMethod, tensor-parallel by rank.
 
 Models build every projection from these, fused ones included (qkv, gate-up), and never slice
 checkpoint shards themselves: each parameter's :class:`ParamLoading` says where a shard lands,
 so packed formats (AWQ's ``[in, out/8]`` int32) load into fused layers too.
+
+Under tensor parallelism (``kvserve.distributed.world_size() > 1`` when the layer is built) a
+column layer holds its rank's slice of every shard's output features and a row layer its slice
+of the input features, summing the partial products over ranks; each rank loads only its slice
+of the checkpoint tensors, cut along ``ParamLoading.output_dim`` / ``input_dim``.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kvserve import distributed
 from kvserve.errors import ConfigError, WeightLoadError
 from kvserve.interfaces.quantization import ParamLoading, QuantizationMethod
 
@@ -20,7 +26,8 @@ class UnquantizedLinearMethod(QuantizationMethod):
     name = "none"
 
     def create_weights(self, layer, input_size, output_sizes, params_dtype, prefix) -> None:
-        layer.add_param("weight", torch.empty(sum(output_sizes), input_size, dtype=params_dtype), ParamLoading())
+        weight = torch.empty(sum(output_sizes), input_size, dtype=params_dtype)
+        layer.add_param("weight", weight, ParamLoading(input_dim=1))
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return F.linear(x, layer.weight, bias)
@@ -32,6 +39,10 @@ class LinearBase(torch.nn.Module):
     ``shard_prefixes`` are the checkpoint module names of the fused shards, in output order
     (one entry, ``prefix``, for a plain layer). A layer whose every shard the method ignores
     gets dense weights; a fused layer only partly ignored is a config error.
+
+    ``input_size`` and ``output_sizes`` are this rank's; ``shard_slices`` (column layers) gives,
+    per shard, the ``(offset, size)`` of this rank's output features within the checkpoint
+    tensor, ``input_slice`` (row layers) the ``(offset, size)`` of its input features.
     """
 
     def __init__(
@@ -42,8 +53,12 @@ class LinearBase(torch.nn.Module):
         quant_method: QuantizationMethod,
         prefix: str,
         shard_prefixes: list[str] | None = None,
+        shard_slices: list[tuple[int, int]] | None = None,
+        input_slice: tuple[int, int] | None = None,
     ) -> None:
         super().__init__()
+        self.shard_slices = shard_slices
+        self.input_slice = input_slice
         self.input_size = input_size
         self.output_sizes = list(output_sizes)
         self.output_size = sum(output_sizes)
@@ -84,6 +99,7 @@ class LinearBase(torch.nn.Module):
         loading = self.param_loading[name]
         param = getattr(self, name).data
         tensor_name = f"{self.shard_prefixes[shard]}.{name}"
+        tensor = self._rank_slice(tensor_name, tensor, loading, shard)
         if loading.per_shard:
             target = param.narrow(0, shard, 1)
         elif loading.output_dim is None:
@@ -103,28 +119,77 @@ class LinearBase(torch.nn.Module):
                 raise WeightLoadError(f"{tensor_name}: expected shape {tuple(target.shape)}, got {tuple(tensor.shape)}")
         target.copy_(tensor)
 
+    def _rank_slice(self, tensor_name: str, tensor: torch.Tensor, loading: ParamLoading, shard: int) -> torch.Tensor:
+        """This rank's part of the checkpoint tensor (all of it without tensor parallelism)."""
+        if distributed.world_size() == 1:
+            return tensor
+        if self.shard_slices is not None and loading.output_dim is not None:
+            start, size = self.shard_slices[shard]
+            if start % loading.packed_factor or size % loading.packed_factor:
+                raise WeightLoadError(
+                    f"{tensor_name}: this rank's {size} output features at offset {start} are not a multiple "
+                    f"of the packing factor {loading.packed_factor}; choose a tensor_parallel_size that keeps "
+                    "them whole"
+                )
+            tensor = tensor.narrow(loading.output_dim, start // loading.packed_factor, size // loading.packed_factor)
+        if self.input_slice is not None:
+            if loading.input_dim is None:
+                if loading.output_dim is None or tensor.dim() > 1:
+                    raise WeightLoadError(
+                        f"{tensor_name}: quantization method {self.quant_method.name!r} does not say how this "
+                        "parameter splits by input features (ParamLoading.input_dim), so the row-parallel "
+                        f"{self.prefix} cannot be split across tensor-parallel ranks"
+                    )
+            else:
+                tensor = tensor.narrow(loading.input_dim, *self.input_slice)
+        return tensor
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.quant_method.apply(self, x, self.bias)
 
 
+def _split(size: int, what: str, prefix: str) -> int:
+    """``size`` per rank; a config error when the ranks cannot share it evenly."""
+    ranks = distributed.world_size()
+    if size % ranks:
+        raise ConfigError(f"tensor_parallel_size: {prefix} has {size} {what}, which {ranks} ranks cannot share evenly")
+    return size // ranks
+
+
 class ColumnLinear(LinearBase):
-    """A plain projection (its output features split across ranks under tensor parallelism)."""
+    """A plain projection; under tensor parallelism each rank holds a slice of its output features."""
 
     def __init__(self, input_size: int, output_size: int, bias: bool, quant_method: QuantizationMethod, prefix: str):
-        super().__init__(input_size, [output_size], bias, quant_method, prefix)
+        per_rank = _split(output_size, "output features", prefix)
+        slices = [(distributed.rank() * per_rank, per_rank)]
+        super().__init__(input_size, [per_rank], bias, quant_method, prefix, shard_slices=slices)
 
 
 class RowLinear(LinearBase):
-    """A projection back to the hidden size (o_proj, down_proj: its input features split across
-    ranks under tensor parallelism)."""
+    """A projection back to the hidden size (o_proj, down_proj); under tensor parallelism each rank
+    holds a slice of its input features and the partial outputs are summed over ranks (the bias
+    added once, after the sum)."""
 
     def __init__(self, input_size: int, output_size: int, bias: bool, quant_method: QuantizationMethod, prefix: str):
-        super().__init__(input_size, [output_size], bias, quant_method, prefix)
+        per_rank = _split(input_size, "input features", prefix)
+        input_slice = (distributed.rank() * per_rank, per_rank)
+        super().__init__(per_rank, [output_size], bias, quant_method, prefix, input_slice=input_slice)
+        self.reduce = distributed.world_size() > 1
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.reduce:
+            return super().forward(x)
+        out = distributed.all_reduce(self.quant_method.apply(self, x, None))
+        return out if self.bias is None else out + self.bias
 
 
 class MergedColumnLinear(LinearBase):
     """Several checkpoint projections of the same input fused along the output features
-    (q/k/v, gate/up): one matmul; shard ``i`` is the checkpoint module ``shard_prefixes[i]``."""
+    (q/k/v, gate/up): one matmul; shard ``i`` is the checkpoint module ``shard_prefixes[i]``.
+
+    Under tensor parallelism each rank holds its slice of every shard (``shard_slices`` overrides
+    the even split: the ``(offset, size)`` of each shard's features this rank takes).
+    """
 
     def __init__(
         self,
@@ -134,5 +199,51 @@ class MergedColumnLinear(LinearBase):
         quant_method: QuantizationMethod,
         prefix: str,
         shard_prefixes: list[str],
+        shard_slices: list[tuple[int, int]] | None = None,
     ) -> None:
-        super().__init__(input_size, output_sizes, bias, quant_method, prefix, shard_prefixes)
+        if shard_slices is None:
+            rank = distributed.rank()
+            per_rank = [_split(size, "output features in a shard", prefix) for size in output_sizes]
+            shard_slices = [(rank * size, size) for size in per_rank]
+        sizes = [size for _, size in shard_slices]
+        super().__init__(input_size, sizes, bias, quant_method, prefix, shard_prefixes, shard_slices)
+
+
+class QKVLinear(MergedColumnLinear):
+    """The fused q/k/v projection: this rank's query heads and its KV heads.
+
+    Query heads split evenly over ranks; KV heads too when there are at least as many as ranks,
+    otherwise each KV head is replicated on the ranks whose query heads use it (GQA with fewer
+    KV heads than ranks). :attr:`num_heads` / :attr:`num_kv_heads` are this rank's.
+    """
+
+    def __init__(
+        self,
+        input_size: int,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        bias: bool,
+        quant_method: QuantizationMethod,
+        prefix: str,
+        shard_prefixes: list[str],
+    ) -> None:
+        rank, ranks = distributed.rank(), distributed.world_size()
+        q_heads = _split(num_heads, "query heads", prefix)
+        if num_kv_heads >= ranks:
+            kv_heads = _split(num_kv_heads, "KV heads", prefix)
+            kv_start = rank * kv_heads
+        elif ranks % num_kv_heads:
+            raise ConfigError(
+                f"tensor_parallel_size: {prefix} has {num_kv_heads} KV heads, fewer than {ranks} ranks and "
+                "not a divisor of it, so they cannot be replicated evenly"
+            )
+        else:
+            kv_heads, kv_start = 1, rank // (ranks // num_kv_heads)
+        q_slice = (rank * q_heads * head_dim, q_heads * head_dim)
+        kv_slice = (kv_start * head_dim, kv_heads * head_dim)
+        super().__init__(
+            input_size, [num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], bias,
+            quant_method, prefix, shard_prefixes, [q_slice, kv_slice, kv_slice],
+        )  # fmt: skip
+        self.num_heads, self.num_kv_heads = q_heads, kv_heads

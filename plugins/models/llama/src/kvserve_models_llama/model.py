@@ -19,8 +19,8 @@ from kvserve.forward_context import ForwardContext
 from kvserve.interfaces import QuantizationMethod
 from kvserve.layers import (
     ColumnLinear,
-    MergedColumnLinear,
     PagedAttention,
+    QKVLinear,
     RMSNorm,
     RotaryEmbedding,
     RowLinear,
@@ -44,16 +44,16 @@ class LlamaAttention(torch.nn.Module):
         prefix: str,
     ) -> None:
         super().__init__()
-        self.num_heads = hf_config.num_attention_heads
-        self.num_kv_heads = hf_config.num_key_value_heads
         self.head_dim = head_dim_of(hf_config)
-        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.split_sizes = [q_size, kv_size, kv_size]
         hidden = hf_config.hidden_size
-        self.qkv_proj = MergedColumnLinear(
-            hidden, self.split_sizes, qkv_bias, quant_method, f"{prefix}.qkv_proj",
-            [f"{prefix}.{shard}" for shard in ("q_proj", "k_proj", "v_proj")],
+        self.qkv_proj = QKVLinear(
+            hidden, hf_config.num_attention_heads, hf_config.num_key_value_heads, self.head_dim, qkv_bias,
+            quant_method, f"{prefix}.qkv_proj", [f"{prefix}.{shard}" for shard in ("q_proj", "k_proj", "v_proj")],
         )  # fmt: skip
+        # This tensor-parallel rank's heads (all of them on one device).
+        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
+        self.split_sizes = self.qkv_proj.output_sizes
+        q_size = hf_config.num_attention_heads * self.head_dim
         self.o_proj = RowLinear(q_size, hidden, o_bias, quant_method, f"{prefix}.o_proj")
         if qk_norm:  # Qwen3: RMSNorm over each head's vector, before rope
             self.q_norm = RMSNorm(self.head_dim, hf_config.rms_norm_eps)
@@ -133,6 +133,8 @@ class LlamaForCausalLM(torch.nn.Module):
 
     qk_norm: ClassVar[bool] = False
     """Qwen3's per-head RMSNorm of q and k."""
+    supports_tensor_parallel: ClassVar[bool] = True
+    """Built from the tensor-parallel core layers (embedding and LM head replicated on every rank)."""
 
     def __init__(self, hf_config: Any, quant_method: QuantizationMethod) -> None:
         super().__init__()
@@ -173,14 +175,10 @@ class LlamaForCausalLM(torch.nn.Module):
         return bias, bias
 
     def attention_shape(self) -> tuple[int, int, int, int]:
-        """``(num_layers, num_heads, num_kv_heads, head_dim)`` of the KV cache this model needs."""
-        config = self.hf_config
-        return (
-            config.num_hidden_layers,
-            config.num_attention_heads,
-            config.num_key_value_heads,
-            head_dim_of(config),
-        )
+        """``(num_layers, num_heads, num_kv_heads, head_dim)`` of the KV cache this model needs
+        (this tensor-parallel rank's heads)."""
+        attn = self.model.layers[0].self_attn
+        return self.hf_config.num_hidden_layers, attn.num_heads, attn.num_kv_heads, attn.head_dim
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """Hidden states ``[num_tokens, hidden]`` for the flattened tokens of one step."""

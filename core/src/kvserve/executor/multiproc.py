@@ -1,0 +1,188 @@
+"""The multiprocess executor: one spawned worker process per tensor-parallel rank on this machine.
+
+Every worker joins a torch.distributed group over the platform's backend (gloo on CPU), builds
+its shard of the model with its own engine (plugins load there through entry points, as in any
+process importing kvserve) and runs one torch thread. Each step the driver pickles the plan once
+(a :class:`StepInput`) to every rank; only rank 0 sends logits back. The driver watches every
+worker's pipe and process: a worker that fails or dies is a :class:`WorkerError` naming its
+rank, and every worker is then stopped, so none outlives the engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import socket
+import weakref
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+import torch.multiprocessing as mp
+
+from kvserve.config import EngineConfig
+from kvserve.engine.model_runner import StepLogits
+from kvserve.errors import WorkerError
+from kvserve.executor.base import Executor, WorkerInfo
+from kvserve.executor.step_input import StepInput
+from kvserve.interfaces import KVCacheManager, SchedulerOutput
+
+logger = logging.getLogger("kvserve")
+
+START_TIMEOUT_S = 600.0
+"""How long a worker may take to build its shard (load weights, profile) before the driver gives up."""
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class MultiprocExecutor(Executor):
+    """Spawns ``config.parallel.tensor_parallel_size`` workers and waits until each has its shard."""
+
+    def __init__(self, config: EngineConfig, distributed_backend: str) -> None:
+        self.world_size = config.parallel.tensor_parallel_size
+        self.kv_cache_manager: KVCacheManager | None = None
+        """The driver's KV manager, whose block tables go out with each step (set by the engine)."""
+        context = mp.get_context("spawn")
+        init_method = f"tcp://127.0.0.1:{_free_port()}"
+        self.conns: list[Connection] = []
+        self.procs: list[Any] = []
+        self.pending: dict[int, list[tuple[str, Any]]] = {rank: [] for rank in range(self.world_size)}
+        """Messages read while waiting for another rank's."""
+        for rank in range(self.world_size):
+            driver_end, worker_end = context.Pipe()
+            proc = context.Process(
+                target=worker_main, name=f"kvserve-tp-rank{rank}", daemon=True,
+                args=(rank, self.world_size, distributed_backend, init_method, config, worker_end),
+            )  # fmt: skip
+            proc.start()
+            worker_end.close()
+            self.conns.append(driver_end)
+            self.procs.append(proc)
+        self._finalizer = weakref.finalize(self, _stop, self.procs, self.conns)
+        try:
+            infos = [self._receive(r, "ready", "failed to start", START_TIMEOUT_S) for r in range(self.world_size)]
+        except BaseException:
+            self.shutdown()
+            raise
+        self.info = WorkerInfo(min(i.num_kv_blocks for i in infos), infos[0].block_size, infos[0].attention_backend)
+        logger.info("kvserve: %d tensor-parallel workers ready (pids %s)", self.world_size, [p.pid for p in self.procs])
+
+    def execute(self, plan: SchedulerOutput) -> StepLogits:
+        self._broadcast(("step", StepInput.from_plan(plan, self.kv_cache_manager)))
+        return self._receive(0, "logits", "failed in a step", None)
+
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        if pairs:
+            self._broadcast(("copy", pairs))
+
+    def shutdown(self) -> None:
+        self._finalizer()
+
+    def _broadcast(self, message: tuple[str, Any]) -> None:
+        payload = pickle.dumps(message)
+        for rank, conn in enumerate(self.conns):
+            try:
+                conn.send_bytes(payload)
+            except (BrokenPipeError, ConnectionError, OSError):
+                self._raise(rank, "failed in a step", self._death(rank))
+
+    def _receive(self, rank: int, kind: str, doing: str, timeout: float | None) -> Any:
+        """The next ``kind`` message from ``rank``, watching every worker meanwhile."""
+        watched = {conn: r for r, conn in enumerate(self.conns)} | {p.sentinel: r for r, p in enumerate(self.procs)}
+        while True:
+            if self.pending[rank]:
+                got, payload = self.pending[rank].pop(0)
+                if got == kind:
+                    return payload
+            ready = wait(list(watched), timeout)
+            if not ready:
+                self._raise(rank, doing, f"no answer within {timeout:.0f} s")
+            for obj in ready:
+                r = watched[obj]
+                if obj is not self.conns[r]:  # a process sentinel: it exited
+                    if not self.conns[r].poll():
+                        self._raise(r, doing, self._death(r))
+                    continue
+                try:
+                    got, payload = pickle.loads(obj.recv_bytes())
+                except (EOFError, OSError):
+                    self._raise(r, doing, self._death(r))
+                if got == "error":
+                    self._raise(r, doing, payload)
+                self.pending[r].append((got, payload))
+
+    def _death(self, rank: int) -> str:
+        proc = self.procs[rank]
+        proc.join(timeout=1.0)
+        return f"its process (pid {proc.pid}) exited with code {proc.exitcode}"
+
+    def _raise(self, rank: int, doing: str, why: str) -> None:
+        self.shutdown()
+        raise WorkerError(f"tensor-parallel worker rank {rank} {doing}: {why}")
+
+
+def _stop(procs: list[Any], conns: list[Connection]) -> None:
+    """Ask every worker to stop, then terminate and kill what is left."""
+    stop = pickle.dumps(("stop", None))
+    for conn in conns:
+        try:
+            conn.send_bytes(stop)
+        except (BrokenPipeError, ConnectionError, OSError):
+            pass
+    for proc in procs:
+        proc.join(timeout=2.0)
+    for proc in procs:
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(timeout=2.0)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+    for conn in conns:
+        conn.close()
+
+
+def worker_main(
+    rank: int, world_size: int, backend: str, init_method: str, config: EngineConfig, conn: Connection
+) -> None:
+    """One rank: join the group, build the shard with an in-process engine, then run step plans
+    until told to stop (or the driver's end of the pipe closes)."""
+    import torch
+
+    from kvserve import distributed
+    from kvserve.engine.llm_engine import LLMEngine
+
+    torch.set_num_threads(1)
+
+    def send(kind: str, payload: Any) -> None:
+        conn.send_bytes(pickle.dumps((kind, payload)))
+
+    try:
+        distributed.init(rank, world_size, backend, init_method)
+        engine = LLMEngine(config)
+        runner = engine.runner
+        send("ready", WorkerInfo(engine.num_kv_blocks, runner.block_size, runner.backend.name))
+        while True:
+            kind, payload = pickle.loads(conn.recv_bytes())
+            if kind == "stop":
+                break
+            if kind == "copy":
+                runner.copy_blocks(payload)
+                continue
+            plan, runner.kv_cache_manager = payload.plan()
+            step = runner.execute(plan)
+            if rank == 0:
+                send("logits", step)
+    except EOFError:  # the driver went away
+        pass
+    except Exception as exc:
+        logging.getLogger("kvserve").exception("tensor-parallel worker rank %d failed", rank)
+        try:
+            send("error", f"{type(exc).__name__}: {exc}")
+        except OSError:
+            pass
+    finally:
+        distributed.destroy()

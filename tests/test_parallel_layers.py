@@ -1,0 +1,110 @@
+"""Tensor-parallel core layers on two gloo ranks: each rank loads its slice of full checkpoint
+tensors; column outputs are that rank's slice of the one-device output, row outputs (summed over
+ranks) equal it; q/k/v heads split, or KV heads replicate when there are fewer than ranks."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from kvserve import distributed
+from kvserve.errors import ConfigError, WeightLoadError
+from kvserve.interfaces import ParamLoading
+from kvserve.layers import ColumnLinear, MergedColumnLinear, QKVLinear, RowLinear, UnquantizedLinearMethod
+
+RANKS = 2
+HIDDEN, HEAD_DIM = 16, 4
+
+
+class PackedNoInputDim(UnquantizedLinearMethod):
+    """A packed weight (two output features per element) that does not say its input dimension."""
+
+    name = "packed_no_input_dim"
+
+    def create_weights(self, layer, input_size, output_sizes, params_dtype, prefix):
+        layer.add_param("packed", torch.zeros(input_size, sum(output_sizes) // 2), ParamLoading(1, packed_factor=2))
+
+    def apply(self, layer, x, bias):
+        return x @ layer.packed.repeat_interleave(2, dim=1)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _rank_main(rank: int, port: int) -> None:
+    torch.set_num_threads(1)
+    distributed.init(rank, RANKS, "gloo", f"tcp://127.0.0.1:{port}")
+    try:
+        _check_layers(rank)
+    finally:
+        distributed.destroy()
+
+
+def _check_layers(rank: int) -> None:
+    torch.manual_seed(0)  # every rank draws the same full tensors
+    method = UnquantizedLinearMethod()
+    x = torch.randn(3, HIDDEN)
+
+    w, b = torch.randn(12, HIDDEN), torch.randn(12)
+    column = ColumnLinear(HIDDEN, 12, True, method, "col")
+    column.load("weight", w), column.load("bias", b)
+    torch.testing.assert_close(column(x), (x @ w.T + b)[:, rank * 6 : rank * 6 + 6])
+
+    gate, up = torch.randn(8, HIDDEN), torch.randn(8, HIDDEN)
+    merged = MergedColumnLinear(HIDDEN, [8, 8], False, method, "gate_up", ["gate", "up"])
+    merged.load("weight", gate, 0), merged.load("weight", up, 1)
+    expected = torch.cat([(x @ gate.T)[:, rank * 4 : rank * 4 + 4], (x @ up.T)[:, rank * 4 : rank * 4 + 4]], -1)
+    torch.testing.assert_close(merged(x), expected)
+
+    for kv_heads, kv_cols in ((2, slice(rank * HEAD_DIM, (rank + 1) * HEAD_DIM)), (1, slice(0, HEAD_DIM))):
+        q, k, v = (
+            torch.randn(4 * HEAD_DIM, HIDDEN),
+            torch.randn(kv_heads * HEAD_DIM, HIDDEN),
+            torch.randn(kv_heads * HEAD_DIM, HIDDEN),
+        )
+        qkv = QKVLinear(HIDDEN, 4, kv_heads, HEAD_DIM, False, method, "qkv", ["q", "k", "v"])
+        for shard, tensor in enumerate((q, k, v)):
+            qkv.load("weight", tensor, shard)
+        assert (qkv.num_heads, qkv.num_kv_heads) == (2, 1)
+        q_cols = slice(rank * 2 * HEAD_DIM, (rank + 1) * 2 * HEAD_DIM)
+        expected = torch.cat([(x @ q.T)[:, q_cols], (x @ k.T)[:, kv_cols], (x @ v.T)[:, kv_cols]], -1)
+        torch.testing.assert_close(qkv(x), expected)
+
+    w, b = torch.randn(HIDDEN, 12), torch.randn(HIDDEN)
+    row = RowLinear(12, HIDDEN, True, method, "row")
+    row.load("weight", w), row.load("bias", b)
+    xr = torch.randn(3, 12)
+    torch.testing.assert_close(row(xr[:, rank * 6 : rank * 6 + 6]), xr @ w.T + b)
+
+    # Packed along the output features: a column layer takes its rank's packed columns.
+    packed = ColumnLinear(HIDDEN, 8, False, PackedNoInputDim(), "packed")
+    full = torch.randn(HIDDEN, 4)
+    packed.load("packed", full)
+    torch.testing.assert_close(packed.packed, full[:, rank * 2 : rank * 2 + 2], rtol=0, atol=0)
+    # ...but a row layer cannot split what does not say its input dimension.
+    with pytest.raises(WeightLoadError, match=r"row\.packed: .*packed_no_input_dim.*ParamLoading.input_dim"):
+        RowLinear(12, 8, False, PackedNoInputDim(), "row").load("packed", torch.randn(12, 4))
+    with pytest.raises(ConfigError, match="tensor_parallel_size: odd has 7 output features, which 2 ranks"):
+        ColumnLinear(HIDDEN, 7, False, method, "odd")
+    with pytest.raises(ConfigError, match="tensor_parallel_size: qkv3 has 3 KV heads"):
+        QKVLinear(HIDDEN, 6, 3, HEAD_DIM, False, method, "qkv3", ["q", "k", "v"])
+
+
+def test_parallel_layers_on_two_gloo_ranks():
+    mp.spawn(_rank_main, args=(_free_port(),), nprocs=RANKS, join=True)
+
+
+def test_one_rank_is_the_plain_layer():
+    assert (distributed.rank(), distributed.world_size()) == (0, 1)
+    x, t = torch.randn(3, 5), torch.randn(4)
+    assert distributed.all_reduce(t) is t and distributed.all_gather(t) is t
+    row = RowLinear(5, 4, True, UnquantizedLinearMethod(), "row")
+    w, b = torch.randn(4, 5), torch.randn(4)
+    row.load("weight", w), row.load("bias", b)
+    torch.testing.assert_close(row(x), torch.nn.functional.linear(x, w, b), rtol=0, atol=0)
