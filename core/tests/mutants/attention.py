@@ -52,6 +52,11 @@ class GqaTiledHeads(CpuAttentionBackend):
     name = "cpu_gqa_tiled"
 
     def _gather(self, kv_cache, batch, seqs, length):
-        keys, values = super()._gather(kv_cache, batch, seqs, length)
+        return self._tile(*super()._gather(kv_cache, batch, seqs, length))
+
+    def _gather_blocks(self, kv_cache, blocks, n):
+        return self._tile(*super()._gather_blocks(kv_cache, blocks, n))
+
+    def _tile(self, keys, values):
         group = self.spec.num_heads // self.spec.num_kv_heads
         return keys.repeat(1, group, 1, 1), values.repeat(1, group, 1, 1)

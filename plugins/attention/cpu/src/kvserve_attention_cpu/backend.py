@@ -1,6 +1,12 @@
 """Paged attention in plain PyTorch: gathers each sequence's KV through its block table and
 runs ``scaled_dot_product_attention``. Decodes are batched together; prefills run per sequence.
 
+The decodes' block list is computed once per step (shared by every layer), so each layer reads
+its K and V with a single block-granular ``index_select``; new K/V go in with ``index_copy_``.
+bfloat16 decodes use explicit grouped matmuls with a float32 softmax: measured ~3x faster on the
+CPU than ``scaled_dot_product_attention``'s flash kernel for one query token; float32 keeps SDPA
+(faster there), float16 too (its fp16 probability matmul misses the contract's tolerance).
+
 Sliding windows are masks; layers with a logit soft-cap compute their scores explicitly
 (``scaled_dot_product_attention`` has no hook between the scores and the softmax).
 """
@@ -21,7 +27,11 @@ class CpuAttentionMetadata:
     decode_seqs: list[int]
     """Sequences with one new token, attended in a single padded call."""
     prefill_seqs: list[int]
-    decode_token_index: torch.Tensor
+    decode_token_index: torch.Tensor | None
+    """Rows of the decodes' tokens in the batch; None: the batch is decodes only (every row, in order)."""
+    decode_blocks: torch.Tensor | None
+    """The decodes' block tables up to the longest decode, flattened: ``[num_decodes * blocks]``
+    (entries past a sequence's end read block 0 and are masked out)."""
     decode_masks: dict[LayerAttentionSpec, torch.Tensor]
     """Per layer kind, bool ``[num_decodes, 1, 1, max_decode_len]``: True where a key is visible."""
     prefill_masks: dict[tuple[int, LayerAttentionSpec], torch.Tensor | None]
@@ -56,38 +66,49 @@ class CpuAttentionBackend(AttentionBackend):
         decodes = [i for i, n in enumerate(batch.query_lens_host) if n == 1]
         prefills = [i for i, n in enumerate(batch.query_lens_host) if n != 1]
         decode_masks = {}
+        decode_blocks = None
         if decodes:
             lens = torch.tensor([batch.seq_lens_host[i] for i in decodes], device=device)
             max_len = max(batch.seq_lens_host[i] for i in decodes)  # from the host copy: no device sync
             key_pos = torch.arange(max_len, device=device)[None, :]
             for kind in kinds:
                 decode_masks[kind] = self._visible(lens[:, None] - 1, key_pos, kind.sliding_window)[:, None, None, :]
+            decode_blocks = batch.block_tables[decodes, : -(-max_len // batch.block_size)].long().flatten()
         prefill_masks = {
             (i, kind): self._prefill_mask(batch.seq_lens_host[i], batch.query_lens_host[i], kind)
             for i in prefills
             for kind in kinds
         }
-        index = torch.tensor([batch.query_start_loc_host[i] for i in decodes], dtype=torch.long, device=device)
+        index = None
+        if prefills or batch.slot_mapping.shape[0] != len(decodes):  # mixed, or padded rows
+            index = torch.tensor([batch.query_start_loc_host[i] for i in decodes], dtype=torch.long, device=device)
         padded = batch.slot_mapping < 0  # read on the host: free on the CPU, the only device this runs on
         write_index = (~padded).nonzero().squeeze(1) if bool(padded.any()) else None
-        return CpuAttentionMetadata(batch, decodes, prefills, index, decode_masks, prefill_masks, write_index)
+        return CpuAttentionMetadata(
+            batch, decodes, prefills, index, decode_blocks, decode_masks, prefill_masks, write_index
+        )
 
     def write_kv(self, kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, metadata) -> None:
         slots = metadata.batch.slot_mapping
         if metadata.write_index is not None:
             slots, key, value = slots[metadata.write_index], key[metadata.write_index], value[metadata.write_index]
-        kv_cache[0].view(-1, *key.shape[1:])[slots] = key
-        kv_cache[1].view(-1, *value.shape[1:])[slots] = value
+        kv_cache[0].view(-1, *key.shape[1:]).index_copy_(0, slots, key)
+        kv_cache[1].view(-1, *value.shape[1:]).index_copy_(0, slots, value)
 
     def forward(self, query: torch.Tensor, kv_cache: torch.Tensor, metadata, layer_idx: int) -> torch.Tensor:
         layer = self.spec.layers[layer_idx]
         batch = metadata.batch
-        out = torch.empty_like(query)
         if metadata.decode_seqs:
             mask = metadata.decode_masks[layer]
-            keys, values = self._gather(kv_cache, batch, metadata.decode_seqs, mask.shape[-1])
-            q = query[metadata.decode_token_index].unsqueeze(2)  # [n, heads, 1, d]
-            out[metadata.decode_token_index] = self._attend(q, keys, values, mask, layer).squeeze(2)
+            keys, values = self._gather_blocks(kv_cache, metadata.decode_blocks, len(metadata.decode_seqs))
+            keys, values = keys[:, :, : mask.shape[-1]], values[:, :, : mask.shape[-1]]
+            index = metadata.decode_token_index
+            if index is None:  # decodes only: no row gather or scatter
+                return self._decode(query, keys, values, mask, layer)
+            out = torch.empty_like(query)
+            out[index] = self._decode(query[index], keys, values, mask, layer)
+        else:
+            out = torch.empty_like(query)
         for i in metadata.prefill_seqs:
             start, end = batch.query_start_loc_host[i], batch.query_start_loc_host[i + 1]
             keys, values = self._gather(kv_cache, batch, [i], batch.seq_lens_host[i])
@@ -95,6 +116,12 @@ class CpuAttentionBackend(AttentionBackend):
             attended = self._attend(q, keys, values, metadata.prefill_masks[(i, layer)], layer)
             out[start:end] = attended[0].transpose(0, 1)
         return out
+
+    def _decode(self, q, keys, values, mask: torch.Tensor, layer: LayerAttentionSpec) -> torch.Tensor:
+        """One query token per sequence: ``q`` ``[n, heads, d]`` -> ``[n, heads, d]``; rest as in ``_attend``."""
+        if q.dtype != torch.bfloat16 or layer.logits_soft_cap is not None:
+            return self._attend(q.unsqueeze(2), keys, values, mask, layer).squeeze(2)
+        return grouped_decode_attention(q, keys, values, mask, layer.scale)
 
     def _attend(self, q, keys, values, mask: torch.Tensor | None, layer: LayerAttentionSpec) -> torch.Tensor:
         """``q`` ``[n, heads, q, d]`` over ``keys``/``values`` ``[n, kv_heads, L, d]`` where ``mask``
@@ -124,6 +151,15 @@ class CpuAttentionBackend(AttentionBackend):
         return mask
 
     @staticmethod
+    def _gather_blocks(kv_cache: torch.Tensor, blocks: torch.Tensor, n: int):
+        """K and V of the flattened per-sequence ``blocks`` as ``[n, kv_heads, blocks * block_size, d]``
+        strided views of one copy."""
+        _, num_blocks, block_size, kv_heads, head_dim = kv_cache.shape
+        flat = kv_cache.view(2, num_blocks, block_size * kv_heads * head_dim)
+        kv = flat.index_select(1, blocks).view(2, n, -1, kv_heads, head_dim).transpose(2, 3)
+        return kv[0], kv[1]
+
+    @staticmethod
     def _gather(kv_cache: torch.Tensor, batch: AttentionBatch, seqs: list[int], length: int):
         """K and V of ``seqs`` as ``[n, kv_heads, length, d]`` (rows past a sequence's end are junk)."""
         num_blocks = -(-length // batch.block_size)
@@ -131,6 +167,18 @@ class CpuAttentionBackend(AttentionBackend):
         k = kv_cache[0][tables].flatten(1, 2)[:, :length]  # [n, length, kv_heads, d]
         v = kv_cache[1][tables].flatten(1, 2)[:, :length]
         return k.transpose(1, 2), v.transpose(1, 2)
+
+
+def grouped_decode_attention(q, keys, values, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """One query token per sequence, ``q`` ``[n, heads, d]``, over ``keys``/``values``
+    ``[n, kv_heads, L, d]`` where ``mask`` ``[n, 1, 1, L]`` is True; matmuls in the input dtype,
+    softmax in float32. Query head h reads KV head h // (heads // kv_heads)."""
+    n, heads, head_dim = q.shape
+    kv_heads = keys.shape[1]
+    grouped = q.view(n, kv_heads, heads // kv_heads, head_dim)
+    scores = torch.matmul(grouped, keys.transpose(-1, -2)).float().mul_(scale)  # [n, kv_heads, group, L]
+    probs = scores.masked_fill_(~mask, float("-inf")).softmax(dim=-1).to(q.dtype)
+    return torch.matmul(probs, values).reshape(n, heads, head_dim)
 
 
 def soft_capped_attention(q, keys, values, mask: torch.Tensor, scale: float, cap: float) -> torch.Tensor:
