@@ -31,6 +31,11 @@ class Bf16OnlyMethod(UnquantizedLinearMethod):
     activation_dtypes = ("bfloat16",)
 
 
+class Fp32OnlyMethod(UnquantizedLinearMethod):
+    name = "fp32_only"
+    activation_dtypes = ("float32",)
+
+
 def _holder(**modules):
     holder = torch.nn.Module()
     for name, module in modules.items():
@@ -93,7 +98,11 @@ def test_kv_cache_scales_load_when_present_and_default_to_one():
 
 def test_auto_dtype_picks_one_the_method_runs_and_an_explicit_one_it_refuses_is_named():
     platform = CpuPlatform()
-    assert resolve_dtype(EngineConfig.from_flat(model="m"), platform, Bf16OnlyMethod()) == torch.bfloat16
-    assert resolve_dtype(EngineConfig.from_flat(model="m"), platform, UnquantizedLinearMethod()) == torch.float32
+    auto = EngineConfig.from_flat(model="m")
+    # Whatever the CPU's own default (bfloat16 with AMX/AVX512-BF16, else float32), a method that
+    # runs only one dtype gets that one, and an unrestricted method gets the platform's default.
+    assert resolve_dtype(auto, platform, Bf16OnlyMethod()) == torch.bfloat16
+    assert resolve_dtype(auto, platform, Fp32OnlyMethod()) == torch.float32
+    assert resolve_dtype(auto, platform, UnquantizedLinearMethod()) == getattr(torch, platform.default_dtype())
     with pytest.raises(ConfigError, match=r"quantization: 'bf16_only' cannot run .* float32"):
         resolve_dtype(EngineConfig.from_flat(model="m", dtype="float32"), platform, Bf16OnlyMethod())

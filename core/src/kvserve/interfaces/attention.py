@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     import torch
 
     from kvserve.interfaces.platform import Platform
+    from kvserve.optional_library import OptionalLibrary
 
 
 @dataclass(frozen=True)
@@ -146,6 +147,11 @@ class AttentionBackend(ABC):
     """Block size used under ``block_size="auto"``; must be a multiple of ``block_size_multiple``."""
     kv_cache_block_dim: ClassVar[int] = 1
     """Which dimension of :meth:`kv_cache_shape` indexes blocks (used by the default :meth:`copy_blocks`)."""
+    kv_cache_in_model_dtype: ClassVar[bool] = False
+    """True: K/V are stored only in the model dtype; the base refuses any other ``spec.kv_cache_dtype``."""
+    required_library: ClassVar[OptionalLibrary | None] = None
+    """The optional library the kernels come from; the base refuses while it is missing or of an
+    unsupported version (with :meth:`~kvserve.optional_library.OptionalLibrary.missing_reason`)."""
 
     def __init__(self, spec: AttentionSpec) -> None:
         """Called once per engine, before the KV cache is sized; keep ``spec`` as ``self.spec``."""
@@ -158,7 +164,8 @@ class AttentionBackend(ABC):
         The same list drives ``auto`` selection and the error shown when a user forces the
         backend, so each reason is a readable sentence (``"dtype float16 not supported
         (supported: float32, bfloat16)"``). The base checks platform, dtype, block size, head
-        counts and :attr:`supported_head_sizes`; subclasses extend them, e.g. a backend that
+        counts, :attr:`supported_head_sizes`, :attr:`kv_cache_in_model_dtype`,
+        :attr:`required_library` and :meth:`required_capability`; subclasses extend them, e.g. a backend that
         cannot apply a sliding window or a soft-cap refuses a spec whose ``layers`` use one,
         with a reason naming it (``"sliding window not supported"``, ``"logits soft-cap not
         supported"``), or a KV cache dtype it cannot store.
@@ -176,7 +183,28 @@ class AttentionBackend(ABC):
         if cls.supported_head_sizes is not None and spec.head_dim not in cls.supported_head_sizes:
             sizes = ", ".join(map(str, cls.supported_head_sizes))
             reasons.append(f"head size {spec.head_dim} not supported (supported: {sizes})")
+        if cls.kv_cache_in_model_dtype and spec.cache_dtype != spec.dtype:
+            cache_dtype = str(spec.cache_dtype).removeprefix("torch.")
+            reasons.append(f"KV cache dtype {cache_dtype} not supported (this backend keeps K/V in the model dtype)")
+        missing = cls.required_library.missing_reason() if cls.required_library is not None else None
+        if missing:
+            reasons.append(missing)
+        need = cls.required_capability(spec)
+        if need is not None and platform.device_type in cls.device_types:
+            capability = platform.capability()
+            if capability.major is not None and not capability.at_least(*need):
+                reasons.append(
+                    f"needs a device of compute capability {need[0]}.{need[1]} or newer for {dtype}; "
+                    f"{capability.name} is {capability.major}.{capability.minor}"
+                )
         return reasons
+
+    @classmethod
+    def required_capability(cls, spec: AttentionSpec) -> tuple[int, int] | None:
+        """The oldest device architecture ``(major, minor)`` (CUDA: compute capability) the kernels
+        serve ``spec`` on; None (the default): any. :meth:`unsupported_reasons` refuses older
+        devices of a versioned architecture, naming the device and ``spec.dtype``."""
+        return None
 
     @abstractmethod
     def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:

@@ -2,6 +2,7 @@
 
 from kvserve.layers.attention import PagedAttention, attention_layers
 from kvserve.layers.embedding import VocabEmbedding
+from kvserve.layers.kv_store import store_kv
 from kvserve.layers.linear import (
     ColumnLinear,
     LinearBase,
@@ -27,4 +28,5 @@ __all__ = [
     "VocabEmbedding",
     "attention_layers",
     "load_checkpoint",
+    "store_kv",
 ]

@@ -6,13 +6,16 @@ float64 from explicit positions, and K/V are gathered token by token through blo
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from kvserve.interfaces import AttentionBackend, AttentionBatch
+from kvserve.interfaces import AttentionBackend, AttentionBatch, LayerAttentionSpec
+from kvserve.layers.kv_store import store_kv
 
 
 @contextmanager
@@ -122,6 +125,8 @@ class PagedCase:
     past_values: list[torch.Tensor]
     tables: list[list[int]]
     """Per sequence, the physical blocks of its tokens in order."""
+    num_blocks: int
+    """Blocks in the cache the tables point into (block 0 included)."""
 
     @property
     def context_lens(self) -> list[int]:
@@ -134,14 +139,16 @@ def make_paged_case(
     num_kv_heads: int,
     head_dim: int,
     block_size: int,
-    num_blocks: int,
+    num_blocks: int | None = None,
     dtype: torch.dtype = torch.float32,
     seed: int = 0,
     device: torch.device | str = "cpu",
 ) -> PagedCase:
-    """``seqs`` lists ``(context_len, query_len)`` per sequence; blocks are drawn at random from 1 .. num_blocks-1."""
+    """``seqs`` lists ``(context_len, query_len)`` per sequence; blocks are drawn at random from
+    1 .. num_blocks-1 (None: twice the blocks the sequences need, plus two)."""
     gen = torch.Generator().manual_seed(seed)
     needed = [-(-(c + q) // block_size) for c, q in seqs]
+    num_blocks = num_blocks or 2 * sum(needed) + 2
     if sum(needed) > num_blocks - 1:
         raise ValueError(f"not enough blocks for this case: {sum(needed)} needed, {num_blocks - 1} usable")
     free = (torch.randperm(num_blocks - 1, generator=gen) + 1).tolist()
@@ -159,6 +166,7 @@ def make_paged_case(
         past_keys=[rand(c, num_kv_heads, head_dim) for c, _ in seqs],
         past_values=[rand(c, num_kv_heads, head_dim) for c, _ in seqs],
         tables=tables,
+        num_blocks=num_blocks,
     )
 
 
@@ -178,6 +186,85 @@ def past_batch(case: PagedCase) -> tuple[AttentionBatch, torch.Tensor, torch.Ten
     return batch, torch.cat([case.past_keys[i] for i in rows]), torch.cat([case.past_values[i] for i in rows])
 
 
+def random_seqs(
+    rng: random.Random,
+    decode_only: bool,
+    *,
+    max_seqs: int,
+    short_context: int,
+    long_context: tuple[int, int],
+    max_query: int,
+) -> list[tuple[int, int]]:
+    """``(context_len, query_len)`` of 1 .. ``max_seqs`` random sequences (for :func:`make_paged_case`),
+    mixing whole prefills (no context), chunked prefills of 2 .. ``max_query`` tokens after a short
+    (1 .. ``short_context``) or long (``long_context`` bounds) context, and decodes (one new token
+    after at least one cached; every sequence with ``decode_only``, else 40% of them)."""
+    seqs = []
+    for _ in range(rng.randint(1, max_seqs)):
+        context = rng.choice([0, rng.randint(1, short_context), rng.randint(*long_context)])
+        query = 1 if decode_only or rng.random() < 0.4 else rng.randint(2, max_query)
+        seqs.append((max(context, 1) if query == 1 else context, query))
+    return seqs
+
+
+def random_paged_case(
+    seed: int,
+    decode_only: bool,
+    *,
+    block_sizes: Sequence[int],
+    windows: Sequence[int | None],
+    head_dim: int = 64,
+    **seq_shape: Any,
+) -> tuple[PagedCase, LayerAttentionSpec]:
+    """A random :func:`make_paged_case` and the layer to attend it with, both from ``seed``: a block
+    size from ``block_sizes``, sequences from :func:`random_seqs` (``seq_shape`` are its keyword
+    arguments), MHA, GQA or MQA heads, and a layer of a random scale, sliding window (from
+    ``windows``) and soft-cap (none, tight or loose)."""
+    rng = random.Random(seed)
+    block_size = rng.choice(block_sizes)
+    seqs = random_seqs(rng, decode_only, **seq_shape)
+    heads, kv_heads = rng.choice([(4, 4), (8, 2), (4, 1)])
+    layer = LayerAttentionSpec(
+        scale=rng.choice([0.125, 0.3]),
+        sliding_window=rng.choice(windows),
+        logits_soft_cap=rng.choice([None, 1.5, 30.0]),
+    )
+    return make_paged_case(seqs, heads, kv_heads, head_dim, block_size, seed=seed), layer
+
+
+def step_params(num_seeds: int) -> list[Any]:
+    """``pytest.param(seed, decode_only)`` for seeds ``0 .. num_seeds-1``, each as a mixed and a
+    decode-only step (ids ``seed3-mixed``, ``seed3-decode``): the parameters of :func:`random_paged_case`."""
+    import pytest
+
+    return [
+        pytest.param(seed, decode_only, id=f"seed{seed}-{'decode' if decode_only else 'mixed'}")
+        for seed in range(num_seeds)
+        for decode_only in (False, True)
+    ]
+
+
+def filled_cache(case: PagedCase, kv_dim: int, seed: int = 0) -> torch.Tensor:
+    """A float32 KV cache of ``case``'s blocks, ``[blocks, block_size, kv_heads, d]`` with an axis of 2
+    (K, V) inserted at ``kv_dim`` (0: ``(2, blocks, ...)``; 1: FlashInfer's NHD ``(blocks, 2, ...)``).
+
+    It holds every sequence's cached K/V (:func:`past_batch`) and this step's, stored by
+    :func:`~kvserve.layers.kv_store.store_kv`, and garbage around 50 elsewhere, so that a kernel
+    reading a slot it should not shows in its output.
+    """
+    kv_heads, head_dim = case.key.shape[1:]
+    shape = [case.num_blocks, case.batch.block_size, kv_heads, head_dim]
+    shape.insert(kv_dim, 2)
+    cache = 50 + torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+    k_cache, v_cache = cache.select(kv_dim, 0), cache.select(kv_dim, 1)
+    past = past_batch(case)
+    if past is not None:
+        batch, keys, values = past
+        store_kv(k_cache, v_cache, keys, values, batch.slot_mapping)
+    store_kv(k_cache, v_cache, case.key, case.value, case.batch.slot_mapping)
+    return cache
+
+
 def reference_attention(case: PagedCase, scale: float, **variant) -> torch.Tensor:
     """float64 ``[num_tokens, heads, d]``: each sequence's queries over its cached plus new K/V.
 
@@ -193,6 +280,13 @@ def reference_attention(case: PagedCase, scale: float, **variant) -> torch.Tenso
             values = torch.cat([case.past_values[i], case.value[start:end]])
             out[start:end] = causal_attention(case.query[start:end], keys, values, context, scale, **variant)
     return out
+
+
+def layer_reference_attention(case: PagedCase, layer: LayerAttentionSpec) -> torch.Tensor:
+    """:func:`reference_attention` with ``layer``'s scale, sliding window and soft-cap."""
+    return reference_attention(
+        case, layer.scale, sliding_window=layer.sliding_window, logits_soft_cap=layer.logits_soft_cap
+    )
 
 
 class ReferenceAttentionBackend(AttentionBackend):

@@ -3,20 +3,15 @@ the reason it cannot run, and refuses at start with that reason. On CUDA the att
 
 from __future__ import annotations
 
-import pytest
 import torch
 
-from kvserve import LLM
-from kvserve.errors import ConfigError
 from kvserve.interfaces import AttentionSpec, LayerAttentionSpec
 from kvserve.plugins import load_component
 from kvserve.testing import AttentionBackendContract
 from kvserve.testing.attention_reference import make_paged_case
-from kvserve.testing.hf_models import build_tiny_model
-from kvserve_attention_flash_attn.library import missing_reason
+from kvserve.testing.optional_backend import OptionalLibraryBackendChecks
+from kvserve_attention_flash_attn.library import FLASH_ATTN
 from kvserve_platform_cpu.platform import CpuPlatform
-
-NO_FLASH_ATTN = missing_reason()
 
 
 def spec(**changes) -> AttentionSpec:
@@ -31,14 +26,6 @@ def test_registered_with_the_facts_of_flash_attention_2():
     backend = load_component("attention_backend", "flash_attn")
     assert backend.device_types == ("cuda",) and backend.supported_dtypes == ("float16", "bfloat16")
     assert backend.block_size_multiple == 256 == backend.default_block_size
-
-
-@pytest.mark.skipif(NO_FLASH_ATTN is None, reason="flash-attn is installed here")
-def test_cpu_refusal_names_the_platform_and_the_missing_library():
-    backend = load_component("attention_backend", "flash_attn")
-    reasons = backend.unsupported_reasons(spec(), CpuPlatform())
-    assert "platform 'cpu' not supported (runs on: cuda)" in reasons
-    assert "flash-attn is not installed (pip install kvserve-attention-flash-attn[gpu])" in reasons
 
 
 def test_refusals_name_block_size_dtype_head_size_and_kv_dtype():
@@ -67,11 +54,15 @@ def test_without_the_library_it_sizes_plans_and_stores_on_the_host():
     assert not metadata.decode_only and metadata.cu_seqlens_k.tolist() == [0, 7, 308, 337]
 
 
-@pytest.mark.skipif(NO_FLASH_ATTN is None, reason="flash-attn is installed here")
-def test_forcing_it_on_cpu_fails_at_start_with_the_reason(tmp_path):
-    path = build_tiny_model("llama", tmp_path)
-    with pytest.raises(ConfigError, match=r"flash_attn: .*flash-attn is not installed \(pip install"):
-        LLM(str(path), attention_backend="flash_attn", max_model_len=64, num_kv_blocks=8)
+class TestWithoutFlashAttn(OptionalLibraryBackendChecks):
+    """Listed, refused and failing at start with the library's reason where it is missing."""
+
+    backend = "flash_attn"
+    distribution = "kvserve-attention-flash-attn"
+    library = FLASH_ATTN
+
+    def test_the_reason_says_what_to_install(self):
+        assert self.missing() == "flash-attn is not installed (pip install kvserve-attention-flash-attn[gpu])"
 
 
 class TestFlashAttnContract(AttentionBackendContract):

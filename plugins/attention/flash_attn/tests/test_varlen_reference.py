@@ -14,15 +14,20 @@ mask is aligned to the bottom right, so query ``j`` of ``seqlen_q`` attends keys
 
 from __future__ import annotations
 
-import random
-
 import numpy as np
 import pytest
 import torch
 
-from kvserve.testing.attention_reference import make_paged_case, past_batch, reference_attention, token_slots
+from kvserve.testing.attention_reference import (
+    filled_cache,
+    layer_reference_attention,
+    make_paged_case,
+    past_batch,
+    random_paged_case,
+    step_params,
+    token_slots,
+)
 from kvserve_attention_flash_attn.backend import FlashAttnBackend
-from kvserve_attention_flash_attn.kv_store import store_kv
 from kvserve_attention_flash_attn.metadata import build_metadata, varlen_arrays, window_size
 
 
@@ -69,71 +74,21 @@ def with_kvcache_model(q, k_cache, v_cache, cache_seqlens, softmax_scale, window
     return out
 
 
-def expected_attention(case, scale, sliding_window, soft_cap):
-    """float64 paged attention in kvserve's terms: the query at position ``p`` sees keys
-    ``p - sliding_window < j <= p``; scores ``cap * tanh(s / cap)``."""
-    out = torch.empty(case.query.shape, dtype=torch.float64)
-    starts = case.batch.query_start_loc_host
-    for i, context in enumerate(case.context_lens):
-        rows = slice(starts[i], starts[i + 1])
-        keys = torch.cat([case.past_keys[i], case.key[rows]]).double()
-        values = torch.cat([case.past_values[i], case.value[rows]]).double()
-        heads, kv_heads = case.query.shape[1], keys.shape[1]
-        kv_head_of = torch.arange(heads) // (heads // kv_heads)
-        scores = torch.einsum("qhd,khd->hqk", case.query[rows].double(), keys[:, kv_head_of]) * scale
-        if soft_cap is not None:
-            scores = soft_cap * torch.tanh(scores / soft_cap)
-        p = torch.arange(context, context + rows.stop - rows.start)[:, None]
-        j = torch.arange(keys.shape[0])[None, :]
-        visible = (j <= p) & ((j > p - sliding_window) if sliding_window is not None else True)
-        probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)
-        out[rows] = torch.einsum("hqk,khd->qhd", probs, values[:, kv_head_of])
-    return out
+SHAPES = dict(
+    block_sizes=[256, 512], windows=[None, 1, 5, 64, 300],
+    max_seqs=5, short_context=40, long_context=(200, 700), max_query=40,
+)  # fmt: skip
+"""Random steps: flash-attn's block sizes (multiples of 256), windows within and beyond a block."""
 
 
-def random_step(rng: random.Random, decode_only: bool):
-    """``(context, query)`` per sequence, block size 256 or 512, mixing every kind of sequence."""
-    block_size = rng.choice([256, 512])
-    seqs = []
-    for _ in range(rng.randint(1, 5)):
-        context = rng.choice([0, rng.randint(1, 40), rng.randint(200, 700)])
-        query = 1 if decode_only or rng.random() < 0.4 else rng.randint(1, 40)
-        seqs.append((max(context, 1) if query == 1 else context, query))
-    return block_size, seqs
-
-
-def filled_cache(case, num_blocks, block_size, seed):
-    """A ``(2, blocks, block_size, kv_heads, d)`` cache of garbage with the case's K/V stored by ``store_kv``."""
-    gen = torch.Generator().manual_seed(seed)
-    kv_heads, d = case.key.shape[1:]
-    cache = 50 + torch.randn(2, num_blocks, block_size, kv_heads, d, generator=gen)
-    past = past_batch(case)
-    if past is not None:
-        batch, keys, values = past
-        store_kv(cache[0], cache[1], keys, values, batch.slot_mapping)
-    store_kv(cache[0], cache[1], case.key, case.value, case.batch.slot_mapping)
-    return cache
-
-
-CASES = [(seed, decode_only) for seed in range(24) for decode_only in (False, True)]
-CASE_IDS = [f"seed{seed}-{'decode' if decode_only else 'mixed'}" for seed, decode_only in CASES]
-
-
-@pytest.mark.parametrize(("seed", "decode_only"), CASES, ids=CASE_IDS)
+@pytest.mark.parametrize(("seed", "decode_only"), step_params(24))
 def test_kernel_model_on_these_arrays_equals_paged_attention(seed, decode_only):
-    rng = random.Random(seed)
-    block_size, seqs = random_step(rng, decode_only)
-    heads, kv_heads = rng.choice([(4, 4), (8, 2), (4, 1)])
-    sliding_window = rng.choice([None, 1, 5, 64, 300])
-    soft_cap = rng.choice([None, 1.5, 30.0])
-    scale = rng.choice([0.125, 0.3])
-    num_blocks = 2 * sum(-(-(c + q) // block_size) for c, q in seqs) + 2
-    case = make_paged_case(seqs, heads, kv_heads, 64, block_size, num_blocks, seed=seed)
-    cache = filled_cache(case, num_blocks, block_size, seed)
+    case, layer = random_paged_case(seed, decode_only, **SHAPES)
+    cache = filled_cache(case, kv_dim=0, seed=seed)
     meta = build_metadata(case.batch, torch.device("cpu"))
-    assert meta.decode_only == all(q == 1 for _, q in seqs)
+    assert meta.decode_only == all(n == 1 for n in case.batch.query_lens_host)
 
-    window, softcap = window_size(sliding_window), soft_cap or 0.0
+    scale, window, softcap = layer.scale, window_size(layer.sliding_window), layer.logits_soft_cap or 0.0
     if meta.decode_only:
         got = with_kvcache_model(
             case.query.unsqueeze(1), cache[0], cache[1], meta.seqused_k, scale, window, softcap, meta.block_table
@@ -143,23 +98,14 @@ def test_kernel_model_on_these_arrays_equals_paged_attention(seed, decode_only):
             case.query, cache[0], cache[1], meta.cu_seqlens_q, meta.cu_seqlens_k, scale, window, softcap,
             meta.block_table,
         )  # fmt: skip
-    expected = expected_attention(case, scale, sliding_window, soft_cap)
-    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
-
-
-def test_ground_truth_is_kvserve_reference_without_window_or_cap():
-    """The windowed float64 reference above reduces to kvserve.testing's when nothing limits attention."""
-    case = make_paged_case([(0, 7), (5, 1), (30, 9)], 8, 2, 64, 16, 20, seed=1)
-    torch.testing.assert_close(expected_attention(case, 0.2, None, None), reference_attention(case, 0.2))
+    torch.testing.assert_close(got, layer_reference_attention(case, layer), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("seed", range(30))
 def test_arrays_agree_with_the_block_tables(seed):
-    rng = random.Random(seed)
-    block_size, seqs = random_step(rng, decode_only=rng.random() < 0.3)
-    num_blocks = 2 * sum(-(-(c + q) // block_size) for c, q in seqs) + 2
-    case = make_paged_case(seqs, 2, 1, 8, block_size, num_blocks, seed=seed)
+    case, _ = random_paged_case(seed, decode_only=seed % 3 == 0, head_dim=8, **SHAPES)
     batch = case.batch
+    block_size, seqs = batch.block_size, list(zip(case.context_lens, batch.query_lens_host))
     arrays = varlen_arrays(batch.query_start_loc_host, batch.seq_lens_host)
     assert arrays.cu_seqlens_q.dtype == arrays.cu_seqlens_k.dtype == arrays.seqused_k.dtype == np.int32
     assert list(np.diff(arrays.cu_seqlens_q)) == [q for _, q in seqs]
@@ -190,17 +136,6 @@ def test_window_size_counts_the_query_itself():
     assert window_size(None) == (-1, -1)
     assert window_size(1) == (0, 0)  # sees only itself
     assert window_size(4096) == (4095, 0)
-
-
-def test_store_kv_skips_padded_tokens_and_touches_nothing_else():
-    cache = torch.randn(2, 4, 8, 2, 16)
-    before = cache.clone()
-    key, value = torch.randn(3, 2, 16), torch.randn(3, 2, 16)
-    store_kv(cache[0], cache[1], key, value, torch.tensor([9, -1, 30]))
-    flat = cache.view(2, 32, 2, 16)
-    assert torch.equal(flat[0, 9], key[0]) and torch.equal(flat[1, 30], value[2])
-    changed = (cache != before).view(2, 32, -1).any(-1)
-    assert changed.nonzero()[:, 1].unique().tolist() == [9, 30]
 
 
 # -- the backend end to end, flash-attn's two functions standing in as the models above --------
@@ -242,14 +177,12 @@ def test_backend_calls_the_kernels_so_that_each_layer_gets_its_own_attention(dec
     backend = FlashAttnBackend(spec)
     backend.__dict__["_kernels"] = (flash_attn_varlen_func, flash_attn_with_kvcache)
     seqs = [(300, 1), (20, 1), (7, 1)] if decode_only else [(0, 9), (300, 1), (20, 6), (7, 1)]
-    num_blocks = 2 * sum(-(-(c + q) // 256) for c, q in seqs) + 2
-    case = make_paged_case(seqs, 8, 2, 64, 256, num_blocks, seed=11)
+    case = make_paged_case(seqs, 8, 2, 64, 256, seed=11)
     past_step, past_keys, past_values = past_batch(case)
-    for layer_idx, (cache, layer) in enumerate(zip(backend.allocate_kv_cache(num_blocks), layers)):
+    for layer_idx, (cache, layer) in enumerate(zip(backend.allocate_kv_cache(case.num_blocks), layers)):
         backend.write_kv(cache, past_keys, past_values, backend.build_metadata(past_step))
         metadata = backend.build_metadata(case.batch)
         assert metadata.decode_only == decode_only
         backend.write_kv(cache, case.key, case.value, metadata)
         out = backend.forward(case.query, cache, metadata, layer_idx)
-        expected = expected_attention(case, layer.scale, layer.sliding_window, layer.logits_soft_cap)
-        torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(out.double(), layer_reference_attention(case, layer), atol=1e-5, rtol=1e-5)

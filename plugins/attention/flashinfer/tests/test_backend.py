@@ -3,21 +3,17 @@ the reason it cannot run, and refuses at start with that reason. On CUDA the att
 
 from __future__ import annotations
 
-import pytest
 import torch
 
-from kvserve import LLM
-from kvserve.errors import ConfigError
 from kvserve.interfaces import AttentionSpec, LayerAttentionSpec
 from kvserve.plugins import load_component
 from kvserve.testing import AttentionBackendContract
 from kvserve.testing.attention_reference import make_paged_case
-from kvserve.testing.hf_models import build_tiny_model
+from kvserve.testing.optional_backend import OptionalLibraryBackendChecks
 from kvserve_attention_flashinfer.backend import WORKSPACE_BYTES, FlashInferMetadata
-from kvserve_attention_flashinfer.library import missing_reason
+from kvserve_attention_flashinfer.library import FLASHINFER
 from kvserve_platform_cpu.platform import CpuPlatform
 
-NO_FLASHINFER = missing_reason()
 LOCAL, GLOBAL = LayerAttentionSpec(0.1, sliding_window=512, logits_soft_cap=50.0), LayerAttentionSpec(0.1)
 
 
@@ -33,14 +29,6 @@ def test_registered_with_the_facts_of_flashinfer():
     backend = load_component("attention_backend", "flashinfer")
     assert backend.device_types == ("cuda",) and backend.supported_dtypes == ("float16", "bfloat16")
     assert backend.supported_head_sizes == (64, 128, 256) and backend.kv_cache_block_dim == 0
-
-
-@pytest.mark.skipif(NO_FLASHINFER is None, reason="flashinfer is installed here")
-def test_cpu_refusal_names_the_platform_and_the_missing_library():
-    backend = load_component("attention_backend", "flashinfer")
-    reasons = backend.unsupported_reasons(spec(), CpuPlatform())
-    assert "platform 'cpu' not supported (runs on: cuda)" in reasons
-    assert "flashinfer is not installed (pip install kvserve-attention-flashinfer[gpu])" in reasons
 
 
 def test_refusals_name_dtype_head_size_and_kv_dtype():
@@ -72,11 +60,15 @@ def test_without_the_library_it_sizes_and_stores_nhd_pages():
     assert torch.equal(k_slots[case.batch.slot_mapping], case.key)
 
 
-@pytest.mark.skipif(NO_FLASHINFER is None, reason="flashinfer is installed here")
-def test_forcing_it_on_cpu_fails_at_start_with_the_reason(tmp_path):
-    path = build_tiny_model("llama", tmp_path)
-    with pytest.raises(ConfigError, match=r"flashinfer: .*flashinfer is not installed \(pip install"):
-        LLM(str(path), attention_backend="flashinfer", max_model_len=64, num_kv_blocks=8)
+class TestWithoutFlashInfer(OptionalLibraryBackendChecks):
+    """Listed, refused and failing at start with the library's reason where it is missing."""
+
+    backend = "flashinfer"
+    distribution = "kvserve-attention-flashinfer"
+    library = FLASHINFER
+
+    def test_the_reason_says_what_to_install(self):
+        assert self.missing() == "flashinfer is not installed (pip install kvserve-attention-flashinfer[gpu])"
 
 
 class TestFlashInferContract(AttentionBackendContract):

@@ -15,7 +15,6 @@ query head ``h`` reads KV head ``h // (num_qo_heads // num_kv_heads)``.
 
 from __future__ import annotations
 
-import random
 import sys
 from types import SimpleNamespace
 
@@ -23,9 +22,16 @@ import numpy as np
 import pytest
 import torch
 
-from kvserve.testing.attention_reference import make_paged_case, past_batch, reference_attention, token_slots
+from kvserve.testing.attention_reference import (
+    filled_cache,
+    layer_reference_attention,
+    make_paged_case,
+    past_batch,
+    random_paged_case,
+    step_params,
+    token_slots,
+)
 from kvserve_attention_flashinfer.backend import window_left
-from kvserve_attention_flashinfer.kv_store import store_kv
 from kvserve_attention_flashinfer.page_table import page_tables
 
 
@@ -54,37 +60,11 @@ def paged_prefill_model(q, paged_kv_cache, tables, sm_scale, window_left, logits
     return out
 
 
-def expected_attention(case, scale, sliding_window, soft_cap):
-    """float64 paged attention in kvserve's terms: the query at position ``p`` sees keys
-    ``p - sliding_window < j <= p``; scores ``cap * tanh(s / cap)``."""
-    out = torch.empty(case.query.shape, dtype=torch.float64)
-    starts = case.batch.query_start_loc_host
-    for i, context in enumerate(case.context_lens):
-        rows = slice(starts[i], starts[i + 1])
-        keys = torch.cat([case.past_keys[i], case.key[rows]]).double()
-        values = torch.cat([case.past_values[i], case.value[rows]]).double()
-        heads, kv_heads = case.query.shape[1], keys.shape[1]
-        kv_head_of = torch.arange(heads) // (heads // kv_heads)
-        scores = torch.einsum("qhd,khd->hqk", case.query[rows].double(), keys[:, kv_head_of]) * scale
-        if soft_cap is not None:
-            scores = soft_cap * torch.tanh(scores / soft_cap)
-        p = torch.arange(context, context + rows.stop - rows.start)[:, None]
-        j = torch.arange(keys.shape[0])[None, :]
-        visible = (j <= p) & ((j > p - sliding_window) if sliding_window is not None else True)
-        probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)
-        out[rows] = torch.einsum("hqk,khd->qhd", probs, values[:, kv_head_of])
-    return out
-
-
-def random_step(rng: random.Random, decode_only: bool):
-    """``(context, query)`` per sequence and a page size, mixing prefills, chunks and decodes."""
-    page_size = rng.choice([1, 5, 16, 32])
-    seqs = []
-    for _ in range(rng.randint(1, 6)):
-        query = 1 if decode_only or rng.random() < 0.4 else rng.randint(2, 30)
-        context = rng.choice([0, rng.randint(1, 20), rng.randint(50, 130)])
-        seqs.append((max(context, 1) if query == 1 else context, query))
-    return page_size, seqs
+SHAPES = dict(
+    block_sizes=[1, 5, 16, 32], windows=[None, 1, 3, 17, 60],
+    max_seqs=6, short_context=20, long_context=(50, 130), max_query=30,
+)  # fmt: skip
+"""Random steps: page sizes from one token to 32, windows within and beyond a page."""
 
 
 def host_block_tables(batch) -> np.ndarray:
@@ -92,56 +72,24 @@ def host_block_tables(batch) -> np.ndarray:
     return batch.block_tables.numpy()
 
 
-def filled_cache(case, num_blocks, page_size, seed):
-    """An NHD cache of garbage with the case's K/V stored by ``store_kv``."""
-    gen = torch.Generator().manual_seed(seed)
-    kv_heads, d = case.key.shape[1:]
-    cache = 50 + torch.randn(num_blocks, 2, page_size, kv_heads, d, generator=gen)
-    past = past_batch(case)
-    if past is not None:
-        batch, keys, values = past
-        store_kv(cache[:, 0], cache[:, 1], keys, values, batch.slot_mapping)
-    store_kv(cache[:, 0], cache[:, 1], case.key, case.value, case.batch.slot_mapping)
-    return cache
-
-
-CASES = [(seed, decode_only) for seed in range(24) for decode_only in (False, True)]
-CASE_IDS = [f"seed{seed}-{'decode' if decode_only else 'mixed'}" for seed, decode_only in CASES]
-
-
-@pytest.mark.parametrize(("seed", "decode_only"), CASES, ids=CASE_IDS)
+@pytest.mark.parametrize(("seed", "decode_only"), step_params(24))
 def test_wrapper_model_on_these_tables_equals_paged_attention(seed, decode_only):
-    rng = random.Random(seed)
-    page_size, seqs = random_step(rng, decode_only)
-    heads, kv_heads = rng.choice([(4, 4), (8, 2), (4, 1)])
-    sliding_window = rng.choice([None, 1, 3, 17, 60])
-    soft_cap = rng.choice([None, 1.5, 30.0])
-    scale = rng.choice([0.125, 0.3])
-    num_blocks = 2 * sum(-(-(c + q) // page_size) for c, q in seqs) + 2
-    case = make_paged_case(seqs, heads, kv_heads, 64, page_size, num_blocks, seed=seed)
-    cache = filled_cache(case, num_blocks, page_size, seed)
+    case, layer = random_paged_case(seed, decode_only, **SHAPES)
+    cache = filled_cache(case, kv_dim=1, seed=seed)
     batch = case.batch
-    tables = page_tables(batch.query_start_loc_host, batch.seq_lens_host, host_block_tables(batch), page_size)
-    assert tables.decode_only == all(q == 1 for _, q in seqs)
+    tables = page_tables(batch.query_start_loc_host, batch.seq_lens_host, host_block_tables(batch), batch.block_size)
+    assert tables.decode_only == all(n == 1 for n in batch.query_lens_host)
 
-    got = paged_prefill_model(case.query, cache, tables, scale, window_left(sliding_window), soft_cap)
-    expected = expected_attention(case, scale, sliding_window, soft_cap)
-    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
-
-
-def test_ground_truth_is_kvserve_reference_without_window_or_cap():
-    """The windowed float64 reference above reduces to kvserve.testing's when nothing limits attention."""
-    case = make_paged_case([(0, 7), (5, 1), (30, 9)], 8, 2, 64, 16, 20, seed=1)
-    torch.testing.assert_close(expected_attention(case, 0.2, None, None), reference_attention(case, 0.2))
+    window = window_left(layer.sliding_window)
+    got = paged_prefill_model(case.query, cache, tables, layer.scale, window, layer.logits_soft_cap)
+    torch.testing.assert_close(got, layer_reference_attention(case, layer), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("seed", range(40))
 def test_csr_tables_agree_with_the_block_tables(seed):
-    rng = random.Random(seed)
-    page_size, seqs = random_step(rng, decode_only=rng.random() < 0.3)
-    num_blocks = 2 * sum(-(-(c + q) // page_size) for c, q in seqs) + 2
-    case = make_paged_case(seqs, 2, 1, 8, page_size, num_blocks, seed=seed)
+    case, _ = random_paged_case(seed, decode_only=seed % 3 == 0, head_dim=8, **SHAPES)
     batch = case.batch
+    page_size, seqs = batch.block_size, list(zip(case.context_lens, batch.query_lens_host))
     tables = page_tables(batch.query_start_loc_host, batch.seq_lens_host, host_block_tables(batch), page_size)
     for array in (tables.qo_indptr, tables.paged_kv_indptr, tables.paged_kv_indices, tables.paged_kv_last_page_len):
         assert array.dtype == np.int32 and array.flags.c_contiguous
@@ -167,16 +115,6 @@ def test_window_left_counts_the_query_itself():
     assert window_left(None) == -1
     assert window_left(1) == 0
     assert window_left(4096) == 4095
-
-
-def test_store_kv_in_the_nhd_layout_skips_padded_tokens():
-    cache = torch.randn(4, 2, 8, 2, 16)
-    before = cache.clone()
-    key, value = torch.randn(3, 2, 16), torch.randn(3, 2, 16)
-    store_kv(cache[:, 0], cache[:, 1], key, value, torch.tensor([9, -1, 30]))
-    assert torch.equal(cache[1, 0, 1], key[0]) and torch.equal(cache[3, 1, 6], value[2])
-    changed = (cache != before).any(-1).any(-1)  # [blocks, 2, page_size]
-    assert changed.nonzero().tolist() == [[1, 0, 1], [1, 1, 1], [3, 0, 6], [3, 1, 6]]
 
 
 # -- the backend end to end, FlashInfer's wrappers standing in as the model above ---------------
@@ -253,9 +191,8 @@ def test_backend_plans_each_layer_kind_once_and_each_layer_gets_its_own_attentio
     spec = AttentionSpec(8, 2, 64, torch.float32, 16, torch.device("cpu"), layers=layers)
     backend = FlashInferBackend(spec)
     seqs = [(40, 1), (20, 1), (7, 1)] if decode_only else [(0, 9), (40, 1), (20, 6), (7, 1)]
-    num_blocks = 2 * sum(-(-(c + q) // 16) for c, q in seqs) + 2
-    case = make_paged_case(seqs, 8, 2, 64, 16, num_blocks, seed=12)
-    caches = backend.allocate_kv_cache(num_blocks)
+    case = make_paged_case(seqs, 8, 2, 64, 16, seed=12)
+    caches = backend.allocate_kv_cache(case.num_blocks)
     past_step, past_keys, past_values = past_batch(case)
     past_metadata = backend.build_metadata(past_step)
     _WrapperModel.plans.clear()
@@ -269,5 +206,4 @@ def test_backend_plans_each_layer_kind_once_and_each_layer_gets_its_own_attentio
         backend.write_kv(cache, past_keys, past_values, past_metadata)
         backend.write_kv(cache, case.key, case.value, metadata)
         out = backend.forward(case.query, cache, metadata, layer_idx)
-        expected = expected_attention(case, layer.scale, layer.sliding_window, layer.logits_soft_cap)
-        torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(out.double(), layer_reference_attention(case, layer), atol=1e-5, rtol=1e-5)

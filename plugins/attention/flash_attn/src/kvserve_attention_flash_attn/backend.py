@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from kvserve.interfaces import AttentionBackend
+from kvserve.layers.kv_store import store_kv
 from kvserve_attention_flash_attn import metadata as planning
-from kvserve_attention_flash_attn.kv_store import store_kv
-from kvserve_attention_flash_attn.library import missing_reason
+from kvserve_attention_flash_attn.library import FLASH_ATTN
 
 if TYPE_CHECKING:
-    from kvserve.interfaces import AttentionBatch, AttentionSpec, Platform
+    from kvserve.interfaces import AttentionBatch, AttentionSpec
     from kvserve_attention_flash_attn.metadata import FlashAttnMetadata
 
 
@@ -33,6 +33,8 @@ class FlashAttnBackend(AttentionBackend):
     supported_head_sizes = tuple(range(8, 257, 8))
     block_size_multiple = 256
     default_block_size = 256
+    kv_cache_in_model_dtype = True
+    required_library = FLASH_ATTN
 
     def __init__(self, spec: AttentionSpec) -> None:
         super().__init__(spec)
@@ -42,26 +44,9 @@ class FlashAttnBackend(AttentionBackend):
         ]
 
     @classmethod
-    def unsupported_reasons(cls, spec: AttentionSpec, platform: Platform) -> list[str]:
-        """The base checks, plus: flash-attn installed in a supported version, K/V stored in the
-        model dtype, and a GPU of compute capability 8.0 or newer."""
-        reasons = super().unsupported_reasons(spec, platform)
-        missing = missing_reason()
-        if missing:
-            reasons.append(missing)
-        if spec.cache_dtype != spec.dtype:
-            cache_dtype = str(spec.cache_dtype).removeprefix("torch.")
-            reasons.append(
-                f"KV cache dtype {cache_dtype} not supported (FlashAttention 2 keeps K/V in the model dtype)"
-            )
-        if platform.device_type == "cuda":
-            capability = platform.capability()
-            if capability.major is not None and capability.major < 8:
-                reasons.append(
-                    f"needs a GPU of compute capability 8.0 or newer (Ampere); "
-                    f"{capability.name} is {capability.major}.{capability.minor}"
-                )
-        return reasons
+    def required_capability(cls, spec: AttentionSpec) -> tuple[int, int]:
+        """FlashAttention 2 runs on Ampere (8.0) or newer."""
+        return (8, 0)
 
     def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
         """``(2, num_blocks, block_size, num_kv_heads, head_dim)``."""

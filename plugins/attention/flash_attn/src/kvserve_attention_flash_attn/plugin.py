@@ -1,7 +1,7 @@
 """Entry point of kvserve-attention-flash-attn."""
 
 from kvserve import hookimpl
-from kvserve_attention_flash_attn.library import missing_reason
+from kvserve_attention_flash_attn.library import FLASH_ATTN
 
 
 @hookimpl
@@ -11,5 +11,5 @@ def register_attention_backends(register):
         "flash_attn",
         "kvserve_attention_flash_attn.backend:FlashAttnBackend",
         priority=30,
-        unavailable=missing_reason(),
+        unavailable=FLASH_ATTN.missing_reason(),
     )

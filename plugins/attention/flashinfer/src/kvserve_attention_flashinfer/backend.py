@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from kvserve.interfaces import AttentionBackend
-from kvserve_attention_flashinfer.kv_store import store_kv
-from kvserve_attention_flashinfer.library import missing_reason
+from kvserve.layers.kv_store import store_kv
+from kvserve_attention_flashinfer.library import FLASHINFER
 from kvserve_attention_flashinfer.page_table import page_tables
 
 if TYPE_CHECKING:
-    from kvserve.interfaces import AttentionBatch, AttentionSpec, LayerAttentionSpec, Platform
+    from kvserve.interfaces import AttentionBatch, AttentionSpec, LayerAttentionSpec
 
 WORKSPACE_BYTES = 128 * 1024 * 1024
 """The float workspace all wrappers share (split-KV partial results while a kernel runs)."""
@@ -51,6 +51,8 @@ class FlashInferBackend(AttentionBackend):
     supported_head_sizes = (64, 128, 256)
     default_block_size = 16
     kv_cache_block_dim = 0
+    kv_cache_in_model_dtype = True
+    required_library = FLASHINFER
 
     def __init__(self, spec: AttentionSpec) -> None:
         super().__init__(spec)
@@ -60,26 +62,9 @@ class FlashInferBackend(AttentionBackend):
         self._wrappers: list[tuple[Any, Any]] | None = None
 
     @classmethod
-    def unsupported_reasons(cls, spec: AttentionSpec, platform: Platform) -> list[str]:
-        """The base checks, plus: flashinfer installed in a supported version, K/V stored in the
-        model dtype, and a GPU of compute capability 7.5 or newer (8.0 for bfloat16)."""
-        reasons = super().unsupported_reasons(spec, platform)
-        missing = missing_reason()
-        if missing:
-            reasons.append(missing)
-        if spec.cache_dtype != spec.dtype:
-            cache_dtype = str(spec.cache_dtype).removeprefix("torch.")
-            reasons.append(f"KV cache dtype {cache_dtype} not supported (this backend keeps K/V in the model dtype)")
-        if platform.device_type == "cuda":
-            capability = platform.capability()
-            need = (8, 0) if spec.dtype == torch.bfloat16 else (7, 5)
-            if capability.major is not None and (capability.major, capability.minor or 0) < need:
-                dtype = str(spec.dtype).removeprefix("torch.")
-                reasons.append(
-                    f"needs a GPU of compute capability {need[0]}.{need[1]} or newer for {dtype}; "
-                    f"{capability.name} is {capability.major}.{capability.minor}"
-                )
-        return reasons
+    def required_capability(cls, spec: AttentionSpec) -> tuple[int, int]:
+        """FlashInfer runs on Turing (7.5) or newer; bfloat16 needs Ampere (8.0)."""
+        return (8, 0) if spec.dtype == torch.bfloat16 else (7, 5)
 
     def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
         """``(num_blocks, 2, block_size, num_kv_heads, head_dim)`` (NHD)."""

@@ -1,7 +1,7 @@
 """Entry point of kvserve-attention-flashinfer."""
 
 from kvserve import hookimpl
-from kvserve_attention_flashinfer.library import missing_reason
+from kvserve_attention_flashinfer.library import FLASHINFER
 
 
 @hookimpl
@@ -11,5 +11,5 @@ def register_attention_backends(register):
         "flashinfer",
         "kvserve_attention_flashinfer.backend:FlashInferBackend",
         priority=40,
-        unavailable=missing_reason(),
+        unavailable=FLASHINFER.missing_reason(),
     )

@@ -1,4 +1,5 @@
-"""Writing this step's K/V into a paged cache without a device sync."""
+"""Writing this step's K/V into a paged cache without a device sync (for backends whose K and V
+caches are ``[blocks, block_size, kv_heads, d]`` tensors or views of one)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ def store_kv(
     k_cache: torch.Tensor, v_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:
     """Store token ``t``'s K/V at slot ``slot_mapping[t]`` of caches shaped ``[blocks, block_size, kv_heads, d]``
-    (any strides); tokens with slot -1 (padding) change nothing.
+    (any strides; e.g. ``kv[0]``/``kv[1]`` of a ``(2, blocks, ...)`` cache, or ``kv[:, 0]``/``kv[:, 1]``
+    of FlashInfer's NHD ``(blocks, 2, ...)``); tokens with slot -1 (padding) change nothing. K/V are
+    cast to the cache dtype.
 
     Dropping the padded tokens would need their count on the host (a sync, and no CUDA graph);
     instead they are pointed at slot 0, of the null block no sequence owns, and write back what
