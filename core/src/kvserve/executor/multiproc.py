@@ -1,18 +1,17 @@
 """The multiprocess executor: one spawned worker process per tensor-parallel rank on this machine.
 
-Every worker joins a torch.distributed group over the platform's backend (gloo on CPU), builds
-its shard of the model with its own engine (plugins load there through entry points, as in any
-process importing kvserve) and runs one torch thread. Each step the driver pickles the plan once
-(a :class:`StepInput`) to every rank; only rank 0 sends logits back. The driver watches every
-worker's pipe and process: a worker that fails or dies is a :class:`WorkerError` naming its
-rank, and every worker is then stopped, so none outlives the engine.
+Every worker is a :class:`~kvserve.executor.worker.Worker` (the group over the platform's
+backend, its shard, one torch thread; rank ``r`` drives the machine's device ``r``). Each step
+the driver pickles the plan once (a :class:`StepInput`) to every rank; only rank 0 sends logits
+back. The driver watches every worker's pipe and process: a worker that fails or dies is a
+:class:`WorkerError` naming its rank, and every worker is then stopped, so none outlives the
+engine.
 """
 
 from __future__ import annotations
 
 import logging
 import pickle
-import socket
 import weakref
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -24,18 +23,10 @@ from kvserve.engine.model_runner import StepLogits
 from kvserve.errors import WorkerError
 from kvserve.executor.base import Executor, WorkerInfo
 from kvserve.executor.step_input import StepInput
+from kvserve.executor.worker import START_TIMEOUT_S, Worker, free_port
 from kvserve.interfaces import KVCacheManager, SchedulerOutput
 
 logger = logging.getLogger("kvserve")
-
-START_TIMEOUT_S = 600.0
-"""How long a worker may take to build its shard (load weights, profile) before the driver gives up."""
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class MultiprocExecutor(Executor):
@@ -46,7 +37,7 @@ class MultiprocExecutor(Executor):
         self.kv_cache_manager: KVCacheManager | None = None
         """The driver's KV manager, whose block tables go out with each step (set by the engine)."""
         context = mp.get_context("spawn")
-        init_method = f"tcp://127.0.0.1:{_free_port()}"
+        init_method = f"tcp://127.0.0.1:{free_port()}"
         self.conns: list[Connection] = []
         self.procs: list[Any] = []
         self.pending: dict[int, list[tuple[str, Any]]] = {rank: [] for rank in range(self.world_size)}
@@ -148,33 +139,24 @@ def _stop(procs: list[Any], conns: list[Connection]) -> None:
 def worker_main(
     rank: int, world_size: int, backend: str, init_method: str, config: EngineConfig, conn: Connection
 ) -> None:
-    """One rank: join the group, build the shard with an in-process engine, then run step plans
-    until told to stop (or the driver's end of the pipe closes)."""
-    import torch
-
-    from kvserve import distributed
-    from kvserve.engine.llm_engine import LLMEngine
-
-    torch.set_num_threads(1)
+    """One rank (a :class:`Worker` with the rank's own device): start, then run step plans until
+    told to stop (or the driver's end of the pipe closes)."""
+    worker = Worker()
 
     def send(kind: str, payload: Any) -> None:
         conn.send_bytes(pickle.dumps((kind, payload)))
 
     try:
-        distributed.init(rank, world_size, backend, init_method)
-        engine = LLMEngine(config)
-        runner = engine.runner
-        send("ready", WorkerInfo(engine.num_kv_blocks, runner.block_size, runner.backend.name))
+        send("ready", worker.start(rank, world_size, rank, backend, init_method, config))
         while True:
             kind, payload = pickle.loads(conn.recv_bytes())
             if kind == "stop":
                 break
             if kind == "copy":
-                runner.copy_blocks(payload)
+                worker.copy_blocks(payload)
                 continue
-            plan, runner.kv_cache_manager = payload.plan()
-            step = runner.execute(plan)
-            if rank == 0:
+            step = worker.execute(payload)
+            if step is not None:
                 send("logits", step)
     except EOFError:  # the driver went away
         pass
@@ -185,4 +167,4 @@ def worker_main(
         except OSError:
             pass
     finally:
-        distributed.destroy()
+        worker.stop()

@@ -36,7 +36,9 @@ class Platform(ABC):
     """A device kind (CPU, CUDA, ...). One instance is made per engine.
 
     Class attributes are facts the engine reads before instantiating anything heavy;
-    methods answer for the device this instance drives.
+    methods answer for the device this instance drives. In a tensor-parallel worker
+    (``kvserve.distributed.is_worker()``), a platform with several devices drives the one of
+    index ``kvserve.distributed.local_rank()`` among those the process sees.
     """
 
     name: ClassVar[str]
@@ -52,6 +54,10 @@ class Platform(ABC):
     """Attention backend names to try first under ``attention_backend="auto"``, best first."""
     distributed_backend: ClassVar[str]
     """The torch.distributed backend for this device (``"gloo"``, ``"nccl"``)."""
+    ray_resource: ClassVar[str | None] = None
+    """The Ray resource one tensor-parallel rank's device is counted in (``"GPU"``): the Ray
+    executor's placement group asks for one per rank, beside one CPU. None where a rank needs
+    only its CPU."""
 
     @classmethod
     @abstractmethod

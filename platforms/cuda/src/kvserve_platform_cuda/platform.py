@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import torch
 
+from kvserve import distributed
 from kvserve.interfaces import DeviceCapability, Platform
 from kvserve_platform_cuda import capability as sm
 
@@ -22,6 +23,7 @@ class CudaPlatform(Platform):
     supported_dtypes = ("bfloat16", "float16", "float32")
     preferred_attention_backends = ("flashinfer", "flash_attn", "triton")
     distributed_backend = "nccl"
+    ray_resource = "GPU"
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
@@ -39,8 +41,12 @@ class CudaPlatform(Platform):
         return None
 
     def __init__(self, device_index: int | None = None) -> None:
-        """Drive GPU ``device_index`` (default: torch's current device, 0 unless set) and make it current."""
-        self.index = torch.cuda.current_device() if device_index is None else device_index
+        """Drive GPU ``device_index`` and make it current. Default: in a tensor-parallel worker the
+        rank's GPU (``cuda:<local rank>``, so NCCL sees one device per rank), else torch's current
+        device (0 unless set)."""
+        if device_index is None:
+            device_index = distributed.local_rank() if distributed.is_worker() else torch.cuda.current_device()
+        self.index = device_index
         torch.cuda.set_device(self.index)
         self.major, self.minor = torch.cuda.get_device_capability(self.index)
         self.supported_dtypes = sm.supported_dtypes(self.major, self.minor)
