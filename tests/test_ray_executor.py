@@ -94,7 +94,7 @@ def test_two_ray_ranks_match_one_device_and_hf(tmp_path, capsys):
               f"local Ray + 2 actors up in {up:.1f} s, all in {time.monotonic() - started:.1f} s")  # fmt: skip
 
 
-def test_killed_actor_is_reported_by_rank_and_every_actor_stops(tmp_path, local_ray):
+def test_killed_actor_is_reported_by_rank_and_every_actor_stops(tmp_path, local_ray, capsys):
     path = build_tiny_model("llama", tmp_path / "llama")
     engine = LLM(str(path), **RAY, **ENGINE).engine
     pids = engine.executor.pids
@@ -106,20 +106,22 @@ def test_killed_actor_is_reported_by_rank_and_every_actor_stops(tmp_path, local_
     with pytest.raises(EngineDeadError, match=rf"worker rank 1 \(Ray actor, pid {pids[1]}\) failed in a step: .*Died"):
         while engine.has_unfinished_requests():
             engine.step()
-    assert time.monotonic() - started < 10
+    reported = time.monotonic() - started
+    assert reported < 10
     assert all(_gone(pid) for pid in pids) and _actor_processes() == []
     assert _placement_groups() == []
     assert ray.is_initialized()  # the engine did not start this Ray, so it leaves it running
     with pytest.raises(EngineDeadError):
         engine.step()
+    with capsys.disabled():
+        print(f"\nray: rank 1's actor SIGKILLed after 3 steps, reported by the driver in {reported:.2f} s")
 
 
 def test_an_actor_that_cannot_build_its_shard_is_named_and_none_is_left(tmp_path, local_ray):
     # An MLP of 127 columns cannot split over 2 ranks: every rank refuses while building its shard.
     path = build_tiny_model("llama", tmp_path / "llama", intermediate_size=127)
-    with pytest.raises(
-        WorkerError, match=r"worker rank \d \(Ray actor\) failed to start: ConfigError: tensor_parallel_size: .*127"
-    ):
+    refused = r"worker rank \d \(Ray actor, pid \d+\) failed to start: ConfigError: tensor_parallel_size: .*127"
+    with pytest.raises(WorkerError, match=refused):
         LLM(str(path), **RAY, **ENGINE)
     assert _placement_groups() == []
     assert _actor_processes() == []

@@ -1,5 +1,6 @@
-"""Greedy decoding on CUDA with each GPU attention backend agrees with HF transformers (run by
-scripts/gpu-check; skipped without a CUDA device).
+"""Greedy decoding on CUDA with each GPU attention backend, and over two GPUs with tensor
+parallelism, agrees with HF transformers (run by scripts/gpu-check; skipped without a CUDA
+device, the tensor-parallel case without two).
 
 In fp16 two backends may break a near-tie differently, so "agrees" is checked the way that
 survives rounding: HF, teacher-forced on kvserve's tokens, must rank each of them within a few
@@ -70,13 +71,30 @@ def test_greedy_tokens_agree_with_hf_on_cuda(backend, model_name, tiny_llama, ca
     tokenizer = llm.get_tokenizer()
     prompts = [tokenizer.encode(p) for p in PROMPTS]
     outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=NEW_TOKENS), use_tqdm=False)
-    ours = [o.outputs[0].token_ids for o in outputs]
+    check_against_hf(path, prompts, [o.outputs[0].token_ids for o in outputs], f"{backend}/{model_name}", capsys)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="tensor parallelism on CUDA needs 2 GPUs (one per rank)")
+def test_two_gpu_ranks_agree_with_hf(tiny_llama, capsys):
+    # Rank r of the multiprocess executor drives cuda:r; the all-reduces run over NCCL.
+    llm = LLM(str(tiny_llama), platform="cuda", dtype="float16", max_model_len=256, tensor_parallel_size=2)
+    try:
+        prompts = [llm.get_tokenizer().encode(p) for p in PROMPTS]
+        outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=NEW_TOKENS), use_tqdm=False)
+    finally:
+        llm.engine.shutdown()
+    check_against_hf(str(tiny_llama), prompts, [o.outputs[0].token_ids for o in outputs], "TP=2/tiny-llama", capsys)
+
+
+def check_against_hf(path: str | None, prompts: list[list[int]], ours: list[list[int]], label: str, capsys) -> None:
+    """HF ranks each of kvserve's greedy tokens within fp16 rounding of its best; prints how many
+    are identical to HF's own greedy output."""
     model = hf_model(path)
     same = total = 0
     for prompt, tokens in zip(prompts, ours):
         margins, magnitude = greedy_margins(model, prompt, tokens)
         assert (margins <= 0.05 + 0.01 * magnitude).all(), (
-            f"{backend}/{model_name}: HF ranks kvserve's token {int(margins.argmax())} of {tokens} "
+            f"{label}: HF ranks kvserve's token {int(margins.argmax())} of {tokens} "
             f"{margins.max():.3f} below its best (prompt {prompt})"
         )
         with torch.no_grad():
@@ -85,4 +103,4 @@ def test_greedy_tokens_agree_with_hf_on_cuda(backend, model_name, tiny_llama, ca
         same += sum(a == b for a, b in zip(tokens, hf_tokens))
         total += len(tokens)
     with capsys.disabled():
-        print(f"\n{backend}/{model_name}: {same}/{total} greedy tokens identical to HF fp16 generate")
+        print(f"\n{label}: {same}/{total} greedy tokens identical to HF fp16 generate")

@@ -65,8 +65,8 @@ class RayExecutor(Executor):
             ray.init()  # connects to the cluster at RAY_ADDRESS
         elif owns_ray:
             ray.init(address="local", num_cpus=max(os.cpu_count() or 1, self.world_size), include_dashboard=False)
-        device = {} if platform.ray_resource is None else {platform.ray_resource: 1.0}
-        bundle = {"CPU": 1.0, **device}
+        device = platform.ray_resource
+        bundle = {"CPU": 1.0} if device is None else {"CPU": 1.0, device: 1.0}
         self.placement_group = placement_group([bundle] * self.world_size, strategy="PACK")
         self.actors: list[Any] = []
         self.pids: list[int] = []
@@ -81,10 +81,12 @@ class RayExecutor(Executor):
             actor_cls = ray.remote(RayWorker)
             for rank in range(self.world_size):
                 strategy = PlacementGroupSchedulingStrategy(self.placement_group, placement_group_bundle_index=rank)
-                # "GPU" is Ray's num_gpus (it then sets CUDA_VISIBLE_DEVICES to the bundle's GPU).
-                resources = {k: v for k, v in device.items() if k != "GPU"}
-                options = {"num_cpus": 1, "num_gpus": device.get("GPU", 0), "resources": resources}
-                self.actors.append(actor_cls.options(scheduling_strategy=strategy, **options).remote())
+                # Ray asks for GPUs as num_gpus (and points the actor's CUDA_VISIBLE_DEVICES at its GPU).
+                gpus = 1 if device == "GPU" else 0
+                resources = {} if device in (None, "GPU") else {device: 1}
+                options = {"num_cpus": 1, "num_gpus": gpus, "resources": resources, "scheduling_strategy": strategy}
+                self.actors.append(actor_cls.options(**options).remote())
+            self.pids = self._gather([actor.pid.remote() for actor in self.actors], "failed to start", START_TIMEOUT_S)
             address = self._gather([self.actors[0].rendezvous_address.remote()], "failed to start", START_TIMEOUT_S)[0]
             # Each actor sees only its own bundle's device: device 0 of its process.
             starts = [
@@ -92,7 +94,6 @@ class RayExecutor(Executor):
                 for rank, actor in enumerate(self.actors)
             ]
             infos = self._gather(starts, "failed to start", START_TIMEOUT_S)
-            self.pids = self._gather([actor.pid.remote() for actor in self.actors], "failed to start", START_TIMEOUT_S)
         except BaseException:
             self.shutdown()
             raise
