@@ -1,8 +1,8 @@
 """Tensor parallelism over two gloo worker processes (one torch thread each): greedy fp32 tokens
 identical to one device and to HF for tiny Llama, Qwen2 and Qwen3, with KV heads split (2 over 2
 ranks) and replicated (1 KV head), and vocabularies (331, 330) that leave padding in the last
-rank's shard of the vocab-parallel embedding and LM head (untied and tied); a worker that dies or cannot start is an error naming its
-rank, and no worker process outlives the engine."""
+rank's shard of the vocab-parallel embedding and LM head (untied and tied); a worker that dies
+or cannot start is an error naming its rank, and no worker process outlives the engine."""
 
 from __future__ import annotations
 
