@@ -11,6 +11,10 @@ matmul (there that int4 kernel is a fallback slower from 8 rows on: SmolLM2-135M
 thread, 32 rows, 25-40 ms against 2-24 ms; ``benchmarks/awq_cpu_kernels.py``). On CUDA the
 Triton AWQ GEMM (``triton_gemm.py``, extra ``[triton]``) reads the packed tensors directly;
 without triton it dequantizes per matmul too.
+
+Tensor parallelism: a column layer takes its packed output columns, a row layer its input rows
+of ``qweight`` and the matching groups of ``qzeros`` / ``scales``; a rank's share of a row
+layer's input features must be whole groups, else the engine refuses to start, naming the layer.
 """
 
 from __future__ import annotations

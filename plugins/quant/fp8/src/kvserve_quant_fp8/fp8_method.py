@@ -9,6 +9,11 @@ does); the dequantizing CPU path keeps each shard's scale as per-row scales inst
 
 Without a ``quantization_config`` (``quantization="fp8"`` on a bf16/fp32 checkpoint) the
 float weight is loaded and quantized per tensor at load (online dynamic FP8).
+
+Tensor parallelism: a rank loads its slice of each FP8 weight (rows in column layers, input
+columns in row layers) and the checkpoint's per-tensor scales whole, so its dequantized slice is
+exactly that of one device. Online FP8 quantizes each rank's slice with that slice's own scale
+(as vLLM does), so its tokens may differ slightly from one device's.
 """
 
 from __future__ import annotations
