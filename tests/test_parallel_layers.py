@@ -1,6 +1,8 @@
 """Tensor-parallel core layers on two gloo ranks: each rank loads its slice of full checkpoint
 tensors; column outputs are that rank's slice of the one-device output, row outputs (summed over
-ranks) equal it; q/k/v heads split, or KV heads replicate when there are fewer than ranks."""
+ranks) equal it; q/k/v heads split, or KV heads replicate when there are fewer than ranks; row
+layers cut grouped parameters on group boundaries and load replicated ones whole; the vocab
+embedding holds a padded vocabulary shard, looks up every id and gathers full logits on rank 0."""
 
 from __future__ import annotations
 
@@ -9,11 +11,19 @@ import socket
 import pytest
 import torch
 import torch.multiprocessing as mp
+import torch.nn.functional as F
 
 from kvserve import distributed
 from kvserve.errors import ConfigError, WeightLoadError
 from kvserve.interfaces import ParamLoading
-from kvserve.layers import ColumnLinear, MergedColumnLinear, QKVLinear, RowLinear, UnquantizedLinearMethod
+from kvserve.layers import (
+    ColumnLinear,
+    MergedColumnLinear,
+    QKVLinear,
+    RowLinear,
+    UnquantizedLinearMethod,
+    VocabEmbedding,
+)
 
 RANKS = 2
 HIDDEN, HEAD_DIM = 16, 4
@@ -29,6 +39,22 @@ class PackedNoInputDim(UnquantizedLinearMethod):
 
     def apply(self, layer, x, bias):
         return x @ layer.packed.repeat_interleave(2, dim=1)
+
+
+class GroupScaled(UnquantizedLinearMethod):
+    """A dense weight times one scale per group of 4 input features (AWQ's ``scales`` layout) and a
+    per-tensor gain every rank keeps whole."""
+
+    name = "group_scaled"
+
+    def create_weights(self, layer, input_size, output_sizes, params_dtype, prefix):
+        super().create_weights(layer, input_size, output_sizes, params_dtype, prefix)
+        groups = ParamLoading(output_dim=None, input_dim=0, input_group=4)
+        layer.add_param("group_scale", torch.zeros(input_size // 4), groups)
+        layer.add_param("gain", torch.zeros(1), ParamLoading(output_dim=None, input_replicated=True))
+
+    def apply(self, layer, x, bias):
+        return F.linear(x * layer.group_scale.repeat_interleave(4) * layer.gain, layer.weight, bias)
 
 
 def _free_port() -> int:
@@ -90,6 +116,36 @@ def _check_layers(rank: int) -> None:
     # ...but a row layer cannot split what does not say its input dimension.
     with pytest.raises(WeightLoadError, match=r"row\.packed: .*packed_no_input_dim.*ParamLoading.input_dim"):
         RowLinear(12, 8, False, PackedNoInputDim(), "row").load("packed", torch.randn(12, 4))
+    # Grouped along the input features: a row rank takes its groups; the gain is loaded whole.
+    w, group_scale, gain = torch.randn(4, 16), torch.rand(4) + 0.5, torch.tensor([1.5])
+    grouped = RowLinear(16, 4, False, GroupScaled(), "grouped")
+    grouped.load("weight", w), grouped.load("group_scale", group_scale), grouped.load("gain", gain)
+    xg = torch.randn(3, 16)
+    torch.testing.assert_close(
+        grouped(xg[:, rank * 8 : rank * 8 + 8]), (xg * group_scale.repeat_interleave(4) * 1.5) @ w.T
+    )
+    # 12 input features: a rank's 6 do not fall on the groups of 4.
+    with pytest.raises(
+        WeightLoadError,
+        match=r"split\.group_scale: this rank's 6 input features at offset \d+ do not fall on the 4-feature groups",
+    ):
+        RowLinear(12, 4, False, GroupScaled(), "split").load("group_scale", torch.ones(3))
+
+    # 70 ids padded to 128, 64 a rank: rank 1 holds ids 64..69 and 58 zero padding rows.
+    table, ids = torch.randn(70, HIDDEN), torch.tensor([0, 5, 63, 64, 69, 3])
+    embedding = VocabEmbedding(70, HIDDEN)
+    embedding.load(table)
+    assert (embedding.vocab_start, embedding.shard_rows, embedding.real_rows) == (rank * 64, 64, (64, 6)[rank])
+    assert not embedding.weight[embedding.real_rows :].any()
+    torch.testing.assert_close(embedding(ids), table[ids], rtol=0, atol=0)
+    logits = embedding.logits(x)
+    if rank == 0:
+        torch.testing.assert_close(logits, x @ table.T)
+    else:
+        assert logits.shape == (3, 64)  # its own shard; only rank 0 returns logits
+    with pytest.raises(WeightLoadError, match=r"lm_head\.weight: expected shape \(70, 16\), got \(64, 16\)"):
+        embedding.load(table[:64], "lm_head.weight")
+
     with pytest.raises(ConfigError, match="tensor_parallel_size: odd has 7 output features, which 2 ranks"):
         ColumnLinear(HIDDEN, 7, False, method, "odd")
     with pytest.raises(ConfigError, match="tensor_parallel_size: qkv3 has 3 KV heads"):

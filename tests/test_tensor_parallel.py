@@ -1,7 +1,8 @@
 """Tensor parallelism over two gloo worker processes (one torch thread each): greedy fp32 tokens
 identical to one device and to HF for tiny Llama, Qwen2 and Qwen3, with KV heads split (2 over 2
-ranks) and replicated (1 KV head); a worker that dies or cannot start is an error naming its
-rank, and no worker process outlives the engine."""
+ranks) and replicated (1 KV head), and vocabularies (331, 330) that leave padding in the last
+rank's shard of the vocab-parallel embedding and LM head (untied and tied); a worker that dies
+or cannot start is an error naming its rank, and no worker process outlives the engine."""
 
 from __future__ import annotations
 
@@ -27,8 +28,8 @@ NEW_TOKENS = 16
 GREEDY = SamplingParams(temperature=0, max_tokens=NEW_TOKENS)
 ENGINE = {"dtype": "float32", "max_model_len": 128, "num_kv_blocks": 64}
 VARIANTS = {
-    "llama-kv2": ("llama", {}),
-    "qwen2-kv2-tied": ("qwen2", {"tie_word_embeddings": True}),
+    "llama-kv2-vocab331": ("llama", {"vocab_size": 331}),
+    "qwen2-kv2-tied-vocab330": ("qwen2", {"tie_word_embeddings": True, "vocab_size": 330}),
     "qwen3-kv1-replicated": ("qwen3", {"num_key_value_heads": 1}),
 }
 

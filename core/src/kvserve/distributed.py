@@ -88,3 +88,19 @@ def all_gather(tensor: torch.Tensor, dim: int = -1) -> torch.Tensor:
     parts = [torch.empty_like(tensor) for _ in range(_group.world_size)]
     dist.all_gather(parts, tensor.contiguous())
     return torch.cat(parts, dim=dim)
+
+
+def gather(tensor: torch.Tensor, dim: int = -1) -> torch.Tensor | None:
+    """Every rank's ``tensor`` (the same shape on each) concatenated along ``dim`` in rank order, on
+    rank 0; ``None`` on the other ranks (``tensor`` itself for one rank)."""
+    if _group.world_size == 1:
+        return tensor
+    import torch.distributed as dist
+
+    tensor = tensor.contiguous()
+    if _group.rank != 0:
+        dist.gather(tensor, dst=0)
+        return None
+    parts = [torch.empty_like(tensor) for _ in range(_group.world_size)]
+    dist.gather(tensor, parts, dst=0)
+    return torch.cat(parts, dim=dim)

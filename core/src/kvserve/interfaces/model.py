@@ -25,8 +25,11 @@ class Model(Protocol):
     Tensor parallelism: a model class with ``supports_tensor_parallel = True`` is built on each
     rank with ``kvserve.distributed`` already set up; its core linear layers take their rank's
     slice (``QKVLinear`` for q/k/v heads), its attention layers and :meth:`attention_shape` state
-    the rank's heads, and :meth:`compute_logits` returns the full vocabulary on rank 0. Without
-    the attribute, ``tensor_parallel_size > 1`` is refused for the model.
+    the rank's heads, its ``VocabEmbedding`` holds the rank's vocabulary shard (``forward``
+    returns every token's embedding on every rank), and :meth:`compute_logits` (through
+    ``VocabEmbedding.logits``) returns the full vocabulary on rank 0, whatever it returns on the
+    other ranks being discarded. Without the attribute, ``tensor_parallel_size > 1`` is refused
+    for the model.
     """
 
     def __init__(self, hf_config: Any, quant_method: QuantizationMethod) -> None:
@@ -49,4 +52,5 @@ class Model(Protocol):
         """Hidden states ``[num_tokens, hidden]`` for the flattened tokens of one step."""
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Vocabulary logits ``[n, vocab]`` (float32) for selected hidden rows ``[n, hidden]``."""
+        """Vocabulary logits ``[n, vocab]`` (float32) for selected hidden rows ``[n, hidden]`` (on
+        rank 0 under tensor parallelism; other ranks may return their shard's)."""

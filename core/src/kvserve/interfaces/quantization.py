@@ -32,10 +32,16 @@ class ParamLoading:
     optional: bool = False
     """The checkpoint may omit it (the value created stays)."""
     input_dim: int | None = None
-    """The dimension the input features run along (a dense ``weight [out, in]``: 1), along which a
-    row-parallel layer takes its rank's slice; ``None``: the parameter does not grow with the
-    input features (a bias, a per-channel scale), or the method cannot be split by input under
-    tensor parallelism (loading it into a row-parallel layer of more than one rank is an error)."""
+    """The dimension the input features run along (a dense ``weight [out, in]``: 1; AWQ's
+    ``qweight [in, out/8]``: 0), along which a row-parallel layer takes its rank's slice. ``None``
+    with :attr:`input_replicated` false: the method cannot split the parameter by input features
+    (loading it into a row-parallel layer of more than one rank is an error naming the method)."""
+    input_group: int = 1
+    """Input features per element along :attr:`input_dim` (AWQ's per-group ``scales [in/group,
+    out]``: the group size): a rank's input slice must start and end on a group boundary."""
+    input_replicated: bool = False
+    """The parameter does not grow with the input features (a bias, a per-tensor or per-channel
+    scale, a static activation scale): every row-parallel rank loads it whole."""
 
 
 class QuantizationMethod(ABC):
@@ -99,6 +105,15 @@ class QuantizationMethod(ABC):
         ``output_sizes`` are the output features of each fused shard (one entry for a plain
         layer); their sum is the layer's output size. ``params_dtype`` is the model dtype,
         ``prefix`` the layer's module name. The bias is the layer's own, not the method's.
+
+        Under tensor parallelism both sizes are this rank's: a column layer's ``output_sizes`` are
+        its slice of each shard (``layer.shard_slices``), a row layer's ``input_size`` its slice of
+        the input features (``layer.input_slice = (offset, size)`` in the checkpoint's features;
+        ``None`` outside a row-parallel layer). The loader cuts each checkpoint tensor to the rank's
+        part along the dims the ``ParamLoading`` names, so a method that can run a row-parallel
+        layer declares ``input_dim`` (or ``input_replicated``) on every parameter, and raises
+        ``kvserve.errors.ConfigError`` naming the layer when the rank's slice cannot be split
+        (e.g. it does not fall on the format's group boundaries).
         """
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:  # noqa: B027 - optional hook

@@ -1,19 +1,77 @@
-"""The token embedding matrix, also used as a (tied) LM head."""
+"""The token embedding matrix, also used as a (tied) LM head; vocab-parallel by rank.
+
+Under tensor parallelism (``kvserve.distributed.world_size() > 1`` when the module is built)
+each rank holds one contiguous shard of the vocabulary: the vocabulary is padded to a multiple
+of :data:`VOCAB_PADDING` and split evenly (as vLLM's ``VocabParallelEmbedding``; rounded up for
+a rank count that does not divide it), so rank ``r`` holds ids ``[r * shard_rows, (r + 1) *
+shard_rows)``, its rows past the vocabulary zero. A
+lookup embeds the ids of the rank's shard, zeros for the others, and sums over ranks (exact:
+each row comes from one rank); the LM head computes the rank's logits and gathers them on
+rank 0, where the padding columns are cut off. One rank holds the whole, unpadded matrix.
+"""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+from kvserve import distributed
+from kvserve.errors import WeightLoadError
+
+VOCAB_PADDING = 64
+"""Under tensor parallelism the vocabulary is padded to a multiple of this before it is split."""
+
 
 class VocabEmbedding(torch.nn.Module):
-    """A ``[vocab, hidden]`` matrix used as token embedding and/or as the LM head."""
+    """A ``[vocab, hidden]`` matrix used as token embedding and/or as the LM head.
+
+    ``weight`` is this rank's ``[shard_rows, hidden]`` shard: ids ``[vocab_start, vocab_start +
+    shard_rows)``, of which the first ``real_rows`` are in the vocabulary (``shard_rows ==
+    real_rows == vocab_size`` on one rank). It loads from the full checkpoint matrix with
+    :meth:`load`.
+    """
 
     def __init__(self, vocab_size: int, hidden_size: int) -> None:
         super().__init__()
+        self.vocab_size, self.hidden_size = vocab_size, hidden_size
+        ranks, rank = distributed.world_size(), distributed.rank()
+        if ranks == 1:
+            self.shard_rows = vocab_size
+        else:
+            padded = -(-vocab_size // VOCAB_PADDING) * VOCAB_PADDING
+            self.shard_rows = -(-padded // ranks)
+        self.vocab_start = rank * self.shard_rows
+        self.real_rows = max(0, min(vocab_size - self.vocab_start, self.shard_rows))
         # Left uninitialised: weight loading fills it, and random init of a large vocab is slow.
-        self.weight = torch.nn.Parameter(torch.empty(vocab_size, hidden_size), requires_grad=False)
+        weight = torch.empty(self.shard_rows, hidden_size)
+        weight[self.real_rows :] = 0  # padding rows: their logits are cut off, their ids never looked up
+        self.weight = torch.nn.Parameter(weight, requires_grad=False)
+
+    def load(self, tensor: torch.Tensor, name: str = "weight") -> None:
+        """Copy this rank's rows of the full checkpoint matrix ``tensor [vocab, hidden]`` into
+        ``weight``; ``name`` (the checkpoint tensor's) is for the error a wrong shape raises."""
+        if tuple(tensor.shape) != (self.vocab_size, self.hidden_size):
+            raise WeightLoadError(
+                f"{name}: expected shape {(self.vocab_size, self.hidden_size)}, got {tuple(tensor.shape)}"
+            )
+        self.weight.data[: self.real_rows].copy_(tensor.narrow(0, self.vocab_start, self.real_rows))
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Embedding rows of ``input_ids``."""
-        return F.embedding(input_ids, self.weight)
+        """Embedding rows ``[*input_ids.shape, hidden]`` of ``input_ids`` (full-vocabulary ids), on
+        every rank."""
+        if distributed.world_size() == 1:
+            return F.embedding(input_ids, self.weight)
+        local = input_ids - self.vocab_start
+        outside = (local < 0) | (local >= self.real_rows)
+        rows = F.embedding(local.masked_fill(outside, 0), self.weight)
+        return distributed.all_reduce(rows.masked_fill_(outside.unsqueeze(-1), 0))
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """LM-head logits ``hidden [n, hidden] @ W^T`` in ``hidden``'s dtype: ``[n, vocab_size]`` on
+        rank 0; every other rank gets its own shard's ``[n, shard_rows]`` (padding included), which
+        its caller discards (only rank 0 returns logits)."""
+        local = F.linear(hidden, self.weight)
+        if distributed.world_size() == 1:
+            return local
+        full = distributed.gather(local, dim=-1)
+        return local if full is None else full[..., : self.vocab_size]

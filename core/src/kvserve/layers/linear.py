@@ -74,7 +74,9 @@ class LinearBase(torch.nn.Module):
         """The model (activation) dtype the layer was built for."""
         self.quant_method.create_weights(self, input_size, self.output_sizes, params_dtype, prefix)
         if bias:
-            self.add_param("bias", torch.zeros(self.output_size, dtype=params_dtype), ParamLoading())
+            self.add_param(
+                "bias", torch.zeros(self.output_size, dtype=params_dtype), ParamLoading(input_replicated=True)
+            )
         else:
             self.bias = None
 
@@ -132,16 +134,22 @@ class LinearBase(torch.nn.Module):
                     "them whole"
                 )
             tensor = tensor.narrow(loading.output_dim, start // loading.packed_factor, size // loading.packed_factor)
-        if self.input_slice is not None:
+        if self.input_slice is not None and not loading.input_replicated:
             if loading.input_dim is None:
-                if loading.output_dim is None or tensor.dim() > 1:
-                    raise WeightLoadError(
-                        f"{tensor_name}: quantization method {self.quant_method.name!r} does not say how this "
-                        "parameter splits by input features (ParamLoading.input_dim), so the row-parallel "
-                        f"{self.prefix} cannot be split across tensor-parallel ranks"
-                    )
-            else:
-                tensor = tensor.narrow(loading.input_dim, *self.input_slice)
+                raise WeightLoadError(
+                    f"{tensor_name}: quantization method {self.quant_method.name!r} does not say how this "
+                    "parameter splits by input features (ParamLoading.input_dim / input_replicated), so the "
+                    f"row-parallel {self.prefix} cannot be split across tensor-parallel ranks"
+                )
+            start, size = self.input_slice
+            group = loading.input_group
+            if start % group or size % group:
+                raise WeightLoadError(
+                    f"{tensor_name}: this rank's {size} input features at offset {start} do not fall on the "
+                    f"{group}-feature groups of {self.quant_method.name!r}; choose a tensor_parallel_size that "
+                    "keeps them whole"
+                )
+            tensor = tensor.narrow(loading.input_dim, start // group, size // group)
         return tensor
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """Loading a ``(name, tensor)`` checkpoint stream into a model built from ``kvserve.layers``.
 
 Linear layers say which checkpoint names they hold (their shard prefixes times their
-parameters); every other module's parameters keep their own module path. A module may declare
+parameters) and, like vocab embeddings, cut their tensor-parallel rank's part of each tensor;
+every other module's parameters keep their own module path. A module may declare
 ``optional_params`` (e.g. the attention layer's KV-cache scales) that a checkpoint may omit.
 """
 
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from kvserve.errors import WeightLoadError
+from kvserve.layers.embedding import VocabEmbedding
 from kvserve.layers.linear import LinearBase
 
 # Per-layer KV-cache scales as quantization tools name them -> the attention layer's parameters.
@@ -44,6 +46,9 @@ class _Target:
         if self.shard is not None:
             self.module.load(self.param, tensor, self.shard)
             return
+        if isinstance(self.module, VocabEmbedding):  # it keeps its tensor-parallel rank's rows
+            self.module.load(tensor, name)
+            return
         data = getattr(self.module, self.param).data
         if tensor.shape != data.shape:
             if tensor.numel() != 1 or data.numel() != 1:
@@ -60,6 +65,9 @@ def checkpoint_targets(model: torch.nn.Module) -> dict[str, _Target]:
             for shard, shard_prefix in enumerate(module.shard_prefixes):
                 for param, loading in module.param_loading.items():
                     targets[f"{shard_prefix}.{param}"] = _Target(module, param, shard, loading.optional)
+            continue
+        if isinstance(module, VocabEmbedding):
+            targets[f"{module_name}.weight"] = _Target(module, "weight", None, False)
             continue
         optional = getattr(module, "optional_params", ())
         for param, _ in module.named_parameters(recurse=False):

@@ -1,6 +1,7 @@
 """Real AWQ checkpoints, packed by AutoAWQ's own ``WQLinear_GEMM.from_linear``, through the
 engine: greedy tokens and logprobs against HF transformers running the weights AutoAWQ's
-``dequantize_gemm`` gives in fp32, resident bytes against the format's, and config refusals."""
+``dequantize_gemm`` gives in fp32, resident bytes against the format's, config refusals, and
+two tensor-parallel ranks against one."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ import transformers
 from safetensors.torch import load_file, save_file
 
 from kvserve import LLM
-from kvserve.errors import ConfigError
+from kvserve.errors import ConfigError, WorkerError
 from kvserve.testing.hf_models import build_tiny_model
+from kvserve.testing.parallel import greedy_tokens
 from kvserve.testing.quant_parity import PROMPTS, assert_matches_reference, hf_greedy, kvserve_greedy, linear_bytes
 
 LOGPROB_BOUND = 1e-3
@@ -80,3 +82,22 @@ def test_unsupported_awq_config_fails_at_start_naming_the_field(tmp_path, field,
     (path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ConfigError, match=rf"quantization_config\.{field}: "):
         LLM(str(path), dtype="float32", max_model_len=128, num_kv_blocks=64)
+
+
+def test_awq_on_two_tensor_parallel_ranks_matches_one(autoawq, tmp_path):
+    """Row-parallel o_proj/down_proj take their rank's input rows of ``qweight`` and its groups
+    of ``qzeros``/``scales``; column layers their packed output columns."""
+    base = build_tiny_model("llama", tmp_path / "base", randomize_vectors=True)  # hidden 64, mlp 128
+    path, _ = awq_checkpoint(autoawq, base, tmp_path / "awq", 32)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    prompt_ids = [tokenizer.encode(p) for p in PROMPTS]
+    one = greedy_tokens(path, prompt_ids)
+    assert greedy_tokens(path, prompt_ids, tensor_parallel_size=2) == one
+    # Group 64: a rank's 32 input features of o_proj would split a group between ranks.
+    path, _ = awq_checkpoint(autoawq, base, tmp_path / "awq64", 64)
+    with pytest.raises(
+        WorkerError,
+        match=r"failed to start: ConfigError: quantization_config\.group_size: 64 does not divide this "
+        r"tensor-parallel rank's share of the 32 input features of model\.layers\.0\.self_attn\.o_proj",
+    ):
+        greedy_tokens(path, prompt_ids, tensor_parallel_size=2)

@@ -7,7 +7,9 @@ attention and after the MLP besides the usual pre-norms, a GELU-tanh gated MLP a
 scale of ``query_pre_attn_scalar ** -0.5``. Gemma 3 adds per-head q/k RMSNorm and a rope base
 per layer type (``rope_parameters["sliding_attention"]`` / ``["full_attention"]``); Gemma 2
 soft-caps attention scores and final logits instead. Parameter names mirror HF's, except that
-q/k/v are fused into ``qkv_proj`` (a ``MergedColumnLinear`` that loads each shard).
+q/k/v are fused into ``qkv_proj`` (a ``QKVLinear`` that loads each shard). Tensor-parallel
+like the Llama family: heads and MLP features split over ranks by the core layers, the
+embedding and (tied) LM head vocab-parallel.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ from kvserve.forward_context import ForwardContext
 from kvserve.interfaces import QuantizationMethod
 from kvserve.layers import (
     ColumnLinear,
-    MergedColumnLinear,
     PagedAttention,
+    QKVLinear,
     RMSNorm,
     RotaryEmbedding,
     RowLinear,
@@ -50,17 +52,17 @@ class GemmaAttention(torch.nn.Module):
         prefix: str,
     ) -> None:
         super().__init__()
-        self.num_heads = hf_config.num_attention_heads
-        self.num_kv_heads = hf_config.num_key_value_heads
         self.head_dim = hf_config.head_dim
-        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.split_sizes = [q_size, kv_size, kv_size]
         hidden = hf_config.hidden_size
         bias = bool(hf_config.attention_bias)
-        self.qkv_proj = MergedColumnLinear(
-            hidden, self.split_sizes, bias, quant_method, f"{prefix}.qkv_proj",
-            [f"{prefix}.{shard}" for shard in ("q_proj", "k_proj", "v_proj")],
+        self.qkv_proj = QKVLinear(
+            hidden, hf_config.num_attention_heads, hf_config.num_key_value_heads, self.head_dim, bias,
+            quant_method, f"{prefix}.qkv_proj", [f"{prefix}.{shard}" for shard in ("q_proj", "k_proj", "v_proj")],
         )  # fmt: skip
+        # This tensor-parallel rank's heads (all of them on one device).
+        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
+        self.split_sizes = self.qkv_proj.output_sizes
+        q_size = hf_config.num_attention_heads * self.head_dim
         self.o_proj = RowLinear(q_size, hidden, bias, quant_method, f"{prefix}.o_proj")
         if qk_norm:
             self.q_norm = RMSNorm(self.head_dim, hf_config.rms_norm_eps, GEMMA_NORM_OFFSET)
@@ -153,6 +155,8 @@ class Gemma3ForCausalLM(torch.nn.Module):
     """Gemma 3, text only: q/k norms and one rope table per layer type (local and global bases)."""
 
     qk_norm: ClassVar[bool] = True
+    supports_tensor_parallel: ClassVar[bool] = True
+    """Built from the tensor-parallel core layers (the embedding and LM head vocab-parallel)."""
 
     def __init__(self, hf_config: Any, quant_method: QuantizationMethod) -> None:
         super().__init__()
@@ -190,17 +194,20 @@ class Gemma3ForCausalLM(torch.nn.Module):
         return dict.fromkeys(types, shared)
 
     def attention_shape(self) -> tuple[int, int, int, int]:
-        """``(num_layers, num_heads, num_kv_heads, head_dim)`` of the KV cache this model needs."""
-        config = self.hf_config
-        return config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        """``(num_layers, num_heads, num_kv_heads, head_dim)`` of the KV cache this model needs
+        (this tensor-parallel rank's heads)."""
+        attn = self.model.layers[0].self_attn
+        return self.hf_config.num_hidden_layers, attn.num_heads, attn.num_kv_heads, attn.head_dim
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """Hidden states ``[num_tokens, hidden]`` for the flattened tokens of one step."""
         return self.model(input_ids, positions, ctx)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Float32 vocabulary logits for hidden rows ``[n, hidden]``, soft-capped when the config says so."""
-        logits = F.linear(hidden, self.lm_head.weight).float()
+        """Float32 vocabulary logits ``[n, vocab]`` for hidden rows ``[n, hidden]``, soft-capped when the
+        config says so (on rank 0 under tensor parallelism; other ranks get their vocabulary
+        shard's, which are discarded)."""
+        logits = self.lm_head.logits(hidden).float()
         cap = getattr(self.hf_config, "final_logit_softcapping", None)
         return logits if cap is None else torch.tanh(logits / cap) * cap
 

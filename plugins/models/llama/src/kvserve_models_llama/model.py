@@ -134,7 +134,7 @@ class LlamaForCausalLM(torch.nn.Module):
     qk_norm: ClassVar[bool] = False
     """Qwen3's per-head RMSNorm of q and k."""
     supports_tensor_parallel: ClassVar[bool] = True
-    """Built from the tensor-parallel core layers (embedding and LM head replicated on every rank)."""
+    """Built from the tensor-parallel core layers (the embedding and LM head vocab-parallel)."""
 
     def __init__(self, hf_config: Any, quant_method: QuantizationMethod) -> None:
         super().__init__()
@@ -185,8 +185,9 @@ class LlamaForCausalLM(torch.nn.Module):
         return self.model(input_ids, positions, ctx)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Float32 vocabulary logits for hidden rows ``[n, hidden]``."""
-        return F.linear(hidden, self.lm_head.weight).float()
+        """Float32 vocabulary logits ``[n, vocab]`` for hidden rows ``[n, hidden]`` (on rank 0 under
+        tensor parallelism; other ranks get their vocabulary shard's, which are discarded)."""
+        return self.lm_head.logits(hidden).float()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy HF-named tensors into the parameters, casting to their dtype and device.

@@ -11,6 +11,10 @@ matmul (there that int4 kernel is a fallback slower from 8 rows on: SmolLM2-135M
 thread, 32 rows, 25-40 ms against 2-24 ms; ``benchmarks/awq_cpu_kernels.py``). On CUDA the
 Triton AWQ GEMM (``triton_gemm.py``, extra ``[triton]``) reads the packed tensors directly;
 without triton it dequantizes per matmul too.
+
+Tensor parallelism: a column layer takes its packed output columns, a row layer its input rows
+of ``qweight`` and the matching groups of ``qzeros`` / ``scales``; a rank's share of a row
+layer's input features must be whole groups, else the engine refuses to start, naming the layer.
 """
 
 from __future__ import annotations
@@ -69,18 +73,26 @@ class AwqMethod(QuantizationMethod):
         return any(module in prefix for module in self.quant_config.get("modules_to_not_convert") or [])
 
     def create_weights(self, layer, input_size, output_sizes, params_dtype, prefix) -> None:
+        # Under tensor parallelism ``input_size`` is a row-parallel rank's slice: it must hold whole
+        # groups, since each group's zeros and scales live on one rank.
         if input_size % self.group_size:
+            split = getattr(layer, "input_slice", None) is not None
+            where = "this tensor-parallel rank's share of " if split else ""
             raise ConfigError(
-                f"quantization_config.group_size: {self.group_size} does not divide the {input_size} input "
-                f"features of {prefix}"
+                f"quantization_config.group_size: {self.group_size} does not divide {where}the {input_size} "
+                f"input features of {prefix}"
+                + ("; choose a tensor_parallel_size that keeps whole groups on each rank" if split else "")
             )
         if any(size % PACK for size in output_sizes):
             raise ConfigError(f"{prefix}: output features {output_sizes} are not multiples of {PACK} (AWQ packing)")
         out, groups = sum(output_sizes), input_size // self.group_size
-        packed = ParamLoading(output_dim=1, packed_factor=PACK)
-        layer.add_param("qweight", torch.empty(input_size, out // PACK, dtype=torch.int32), packed)
-        layer.add_param("qzeros", torch.empty(groups, out // PACK, dtype=torch.int32), packed)
-        layer.add_param("scales", torch.empty(groups, out, dtype=torch.float16), ParamLoading(output_dim=1))
+        # qweight runs along the input rows; qzeros and scales hold one row per group of them.
+        qweight = ParamLoading(output_dim=1, packed_factor=PACK, input_dim=0)
+        qzeros = ParamLoading(output_dim=1, packed_factor=PACK, input_dim=0, input_group=self.group_size)
+        scales = ParamLoading(output_dim=1, input_dim=0, input_group=self.group_size)
+        layer.add_param("qweight", torch.empty(input_size, out // PACK, dtype=torch.int32), qweight)
+        layer.add_param("qzeros", torch.empty(groups, out // PACK, dtype=torch.int32), qzeros)
+        layer.add_param("scales", torch.empty(groups, out, dtype=torch.float16), scales)
 
     def process_weights_after_loading(self, layer) -> None:
         dtype, device = layer.params_dtype, layer.qweight.device

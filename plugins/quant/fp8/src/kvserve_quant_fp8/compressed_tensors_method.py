@@ -67,10 +67,12 @@ class CompressedTensorsFp8Method(Fp8Method):
             super().create_weights(layer, input_size, output_sizes, params_dtype, prefix)
             return
         out = sum(output_sizes)
-        layer.add_param("weight", torch.empty(out, input_size, dtype=FP8_DTYPE), ParamLoading())
-        layer.add_param("weight_scale", torch.ones(out, 1, dtype=torch.float32), ParamLoading(output_dim=0))
+        layer.add_param("weight", torch.empty(out, input_size, dtype=FP8_DTYPE), ParamLoading(input_dim=1))
+        # One scale per output row: sliced with a column layer's rows, whole on a row-parallel rank.
+        per_channel = ParamLoading(output_dim=0, input_replicated=True)
+        layer.add_param("weight_scale", torch.ones(out, 1, dtype=torch.float32), per_channel)
         if self.static_inputs:
-            per_shard = ParamLoading(output_dim=None, per_shard=True)
+            per_shard = ParamLoading(output_dim=None, per_shard=True, input_replicated=True)
             layer.add_param("input_scale", torch.ones(len(output_sizes), dtype=torch.float32), per_shard)
 
     def process_weights_after_loading(self, layer) -> None:

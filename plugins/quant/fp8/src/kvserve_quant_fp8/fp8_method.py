@@ -9,6 +9,11 @@ does); the dequantizing CPU path keeps each shard's scale as per-row scales inst
 
 Without a ``quantization_config`` (``quantization="fp8"`` on a bf16/fp32 checkpoint) the
 float weight is loaded and quantized per tensor at load (online dynamic FP8).
+
+Tensor parallelism: a rank loads its slice of each FP8 weight (rows in column layers, input
+columns in row layers) and the checkpoint's per-tensor scales whole, so its dequantized slice is
+exactly that of one device. Online FP8 quantizes each rank's slice with that slice's own scale
+(as vLLM does), so its tokens may differ slightly from one device's.
 """
 
 from __future__ import annotations
@@ -52,11 +57,12 @@ class Fp8Method(QuantizationMethod):
     def create_weights(self, layer, input_size, output_sizes, params_dtype, prefix) -> None:
         out = sum(output_sizes)
         if self.online:  # the float checkpoint weight; quantized in process_weights_after_loading
-            layer.add_param("weight", torch.empty(out, input_size, dtype=params_dtype), ParamLoading())
+            layer.add_param("weight", torch.empty(out, input_size, dtype=params_dtype), ParamLoading(input_dim=1))
             return
         shards = len(output_sizes)
-        layer.add_param("weight", torch.empty(out, input_size, dtype=FP8_DTYPE), ParamLoading())
-        per_shard = ParamLoading(output_dim=None, per_shard=True)
+        layer.add_param("weight", torch.empty(out, input_size, dtype=FP8_DTYPE), ParamLoading(input_dim=1))
+        # One scale per tensor: a row-parallel rank's slice of the weight keeps its tensor's scale.
+        per_shard = ParamLoading(output_dim=None, per_shard=True, input_replicated=True)
         layer.add_param("weight_scale", torch.ones(shards, dtype=torch.float32), per_shard)
         if self.static_inputs:
             layer.add_param("input_scale", torch.ones(shards, dtype=torch.float32), per_shard)
