@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 
 import pytest
@@ -131,3 +132,14 @@ def test_parallel_config_fields_are_checked():
         EngineConfig.from_flat(model="m", distributed_executor_backend="ray").parallel.distributed_executor_backend
         == "ray"
     )
+
+
+def test_ray_backend_without_ray_names_the_extra(tmp_path, monkeypatch):
+    from kvserve.errors import MissingExtraError
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if ray were not installed
+    path = build_tiny_model("llama", tmp_path / "llama")
+    with pytest.raises(
+        MissingExtraError, match=r"distributed_executor_backend='ray' needs the 'ray' extra.*kvserve-core\[ray\]"
+    ):
+        LLM(str(path), tensor_parallel_size=2, distributed_executor_backend="ray", **ENGINE)
