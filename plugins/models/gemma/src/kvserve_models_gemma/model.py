@@ -200,7 +200,7 @@ class Gemma3ForCausalLM(torch.nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 vocabulary logits for hidden rows ``[n, hidden]``, soft-capped when the config says so."""
-        logits = F.linear(hidden, self.lm_head.weight).float()
+        logits = self.lm_head.project(hidden).float()
         cap = getattr(self.hf_config, "final_logit_softcapping", None)
         return logits if cap is None else torch.tanh(logits / cap) * cap
 

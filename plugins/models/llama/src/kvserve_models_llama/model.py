@@ -186,7 +186,7 @@ class LlamaForCausalLM(torch.nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 vocabulary logits for hidden rows ``[n, hidden]``."""
-        return F.linear(hidden, self.lm_head.weight).float()
+        return self.lm_head.project(hidden).float()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy HF-named tensors into the parameters, casting to their dtype and device.
