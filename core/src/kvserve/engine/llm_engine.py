@@ -24,7 +24,7 @@ from kvserve.engine.validation import check_request
 from kvserve.errors import ConfigError, EngineDeadError
 from kvserve.executor import Executor, InProcessExecutor
 from kvserve.interfaces import AttentionBackend, LayerAttentionSpec, QuantizationMethod, SchedulerOutput
-from kvserve.layers import LinearBase, UnquantizedLinearMethod, attention_layers
+from kvserve.layers import LinearBase, UnquantizedLinearMethod, attention_layers, pack_linear_weights
 from kvserve.logging_setup import configure_logging
 from kvserve.outputs import RequestOutput, TokenLogprobs
 from kvserve.plugins import load_component
@@ -66,6 +66,7 @@ class LLMEngine:
         if config.parallel.tensor_parallel_size > 1 and not distributed.is_worker():
             # The driver: workers hold the model shards and their KV caches; it plans and samples.
             self.model = self.runner = None
+            self.linear_kernel = "chosen by each worker"
             self.executor = self._distributed_executor()
             num_blocks, block_size = self.executor.info.num_kv_blocks, self.executor.info.block_size
             backend_name = f"{self.executor.info.attention_backend} x{config.parallel.tensor_parallel_size} ranks"
@@ -96,10 +97,10 @@ class LLMEngine:
         self.dead_error: Exception | None = None
         """What stopped the engine (a failed step); None while it runs."""
         logger.info(
-            "kvserve engine: model=%s platform=%s dtype=%s (%s) attention_backend=%s scheduler=%s "
-            "kv_cache_manager=%s block_size=%d num_kv_blocks=%d (%d tokens) max_model_len=%d",
+            "kvserve engine: model=%s platform=%s dtype=%s (%s) attention_backend=%s linear_kernel=%s "
+            "scheduler=%s kv_cache_manager=%s block_size=%d num_kv_blocks=%d (%d tokens) max_model_len=%d",
             source.path, self.platform.name, str(self.dtype).removeprefix("torch."),
-            components.dtype_reason(config, self.platform), backend_name,
+            components.dtype_reason(config, self.platform), backend_name, self.linear_kernel,
             scheduler_cls.name, manager_cls.name, block_size, num_blocks - 1,
             (num_blocks - 1) * block_size, self.max_model_len,
         )  # fmt: skip
@@ -167,6 +168,9 @@ class LLMEngine:
         for module in model.modules():
             if isinstance(module, LinearBase):
                 module.quant_method.process_weights_after_loading(module)
+        kernel = self.platform.linear_kernel()
+        self.linear_kernel = "F.linear" if kernel is None else str(pack_linear_weights(model, kernel))
+        """Which GEMM the dense linear layers run, for the start-up line."""
         return model.eval()
 
     def _attention_shape(self) -> tuple[int, int, int]:

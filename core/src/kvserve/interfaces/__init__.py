@@ -2,6 +2,7 @@
 
 from kvserve.interfaces.attention import AttentionBackend, AttentionBatch, AttentionSpec, LayerAttentionSpec
 from kvserve.interfaces.kv_cache import KVCacheManager, KVCacheStats
+from kvserve.interfaces.linear_kernel import LinearKernel
 from kvserve.interfaces.model import Model
 from kvserve.interfaces.platform import DeviceCapability, Platform
 from kvserve.interfaces.quantization import ParamLoading, QuantizationMethod
@@ -15,6 +16,7 @@ __all__ = [
     "KVCacheManager",
     "KVCacheStats",
     "LayerAttentionSpec",
+    "LinearKernel",
     "Model",
     "ParamLoading",
     "Platform",

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, ClassVar
 if TYPE_CHECKING:
     import torch
 
+    from kvserve.interfaces.linear_kernel import LinearKernel
+
 
 @dataclass(frozen=True)
 class DeviceCapability:
@@ -116,3 +118,12 @@ class Platform(ABC):
     @abstractmethod
     def seed_everything(self, seed: int) -> None:
         """Seed every random number generator the platform's computations use."""
+
+    def linear_kernel(self) -> LinearKernel | None:
+        """The platform's own GEMM for unquantized linear layers and the LM head, whose weights the
+        engine repacks once after loading (see :class:`LinearKernel`); ``None`` (the default): every
+        layer runs ``torch.nn.functional.linear`` on its dense weight.
+
+        Called once per engine; import the kernel's library here, not at module import.
+        """
+        return None

@@ -13,12 +13,14 @@ from kvserve.layers.linear import (
 )
 from kvserve.layers.loading import load_checkpoint
 from kvserve.layers.norm import RMSNorm
+from kvserve.layers.packed_linear import PackedLinearMethod, pack_linear_weights
 from kvserve.layers.rotary import RotaryEmbedding
 
 __all__ = [
     "ColumnLinear",
     "LinearBase",
     "MergedColumnLinear",
+    "PackedLinearMethod",
     "PagedAttention",
     "QKVLinear",
     "RMSNorm",
@@ -28,5 +30,6 @@ __all__ = [
     "VocabEmbedding",
     "attention_layers",
     "load_checkpoint",
+    "pack_linear_weights",
     "store_kv",
 ]

@@ -12,11 +12,16 @@ rank 0, where the padding columns are cut off. One rank holds the whole, unpadde
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 
 from kvserve import distributed
 from kvserve.errors import WeightLoadError
+
+if TYPE_CHECKING:
+    from kvserve.interfaces.linear_kernel import LinearKernel
 
 VOCAB_PADDING = 64
 """Under tensor parallelism the vocabulary is padded to a multiple of this before it is split."""
@@ -46,6 +51,8 @@ class VocabEmbedding(torch.nn.Module):
         weight = torch.empty(self.shard_rows, hidden_size)
         weight[self.real_rows :] = 0  # padding rows: their logits are cut off, their ids never looked up
         self.weight = torch.nn.Parameter(weight, requires_grad=False)
+        self.head_kernel: LinearKernel | None = None
+        self.packed_head: torch.Tensor | None = None
 
     def load(self, tensor: torch.Tensor, name: str = "weight") -> None:
         """Copy this rank's rows of the full checkpoint matrix ``tensor [vocab, hidden]`` into
@@ -70,8 +77,26 @@ class VocabEmbedding(torch.nn.Module):
         """LM-head logits ``hidden [n, hidden] @ W^T`` in ``hidden``'s dtype: ``[n, vocab_size]`` on
         rank 0; every other rank gets its own shard's ``[n, shard_rows]`` (padding included), which
         its caller discards (only rank 0 returns logits)."""
-        local = F.linear(hidden, self.weight)
+        if self.head_kernel is None:
+            local = F.linear(hidden, self.weight)
+        else:
+            local = self.head_kernel.apply(hidden, self.packed_head, None)
         if distributed.world_size() == 1:
             return local
         full = distributed.gather(local, dim=-1)
         return local if full is None else full[..., : self.vocab_size]
+
+    def pack_head(self, kernel: LinearKernel, keep_embedding: bool) -> bool:
+        """Compute :meth:`logits`' matmul with ``kernel`` on a packed copy of the weight, where
+        ``kernel.pack`` takes it; returns whether it did.
+
+        Without ``keep_embedding`` (an untied LM head, never asked to embed) the dense weight is
+        freed and :meth:`forward` can no longer run.
+        """
+        packed = kernel.pack(self.weight.data)
+        if packed is None:
+            return False
+        self.head_kernel, self.packed_head = kernel, packed
+        if not keep_embedding:
+            self.weight = torch.nn.Parameter(self.weight.data.new_empty(0), requires_grad=False)
+        return True

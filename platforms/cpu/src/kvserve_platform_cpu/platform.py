@@ -8,7 +8,7 @@ from collections.abc import Callable
 import psutil
 import torch
 
-from kvserve.interfaces import DeviceCapability, Platform
+from kvserve.interfaces import DeviceCapability, LinearKernel, Platform
 from kvserve_platform_cpu.cpu_info import cpu_name_and_flags, native_bf16_feature
 
 # Without an explicit fraction the KV cache takes this share of available memory, capped,
@@ -61,3 +61,9 @@ class CpuPlatform(Platform):
     def seed_everything(self, seed: int) -> None:
         random.seed(seed)
         torch.manual_seed(seed)
+
+    def linear_kernel(self) -> LinearKernel | None:
+        """oneDNN on prepacked weights (float32, and bfloat16 where the CPU has it natively)."""
+        from kvserve_platform_cpu.onednn_linear import onednn_linear_kernel
+
+        return onednn_linear_kernel()

@@ -1,0 +1,40 @@
+"""The LinearKernel interface: a platform's own matmul for dense weights it repacks once."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    import torch
+
+
+class LinearKernel(ABC):
+    """``y = x W^T + b`` for unquantized weights, on a weight repacked once into the layout the
+    platform's GEMM library reads fastest (oneDNN's blocked layout on CPUs, for instance).
+
+    A platform offers one through :meth:`Platform.linear_kernel`. After the weights are loaded
+    and every quantization method has post-processed its layers, the engine hands each dense
+    linear layer's weight (and the LM head's) to :meth:`pack`; where a packed tensor comes back it
+    takes the dense weight's place (the original is freed, so memory is not doubled) and the
+    layer computes through :meth:`apply` from then on. Packing is a per-shape, per-dtype choice:
+    :meth:`pack` returns ``None`` where the kernel does not beat ``torch.nn.functional.linear``.
+    """
+
+    name: ClassVar[str]
+    """Short name for the start-up line and ``kvserve bench`` (e.g. ``"onednn"``)."""
+
+    @abstractmethod
+    def pack(self, weight: torch.Tensor) -> torch.Tensor | None:
+        """``weight`` (``[out_features, in_features]``, the model dtype, on the platform's device)
+        in this kernel's layout, or ``None`` to leave the layer on ``F.linear``: a dtype, shape or
+        device the kernel does not run, or does not run faster.
+
+        Called once per layer, before any forward. The result must not share memory with
+        ``weight`` (the caller frees it) and must keep ``weight``'s ``shape`` and ``dtype``.
+        """
+
+    @abstractmethod
+    def apply(self, x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """``x @ W.T + bias`` for ``x`` of shape ``[..., in_features]`` in ``x``'s dtype, where
+        ``packed`` is what :meth:`pack` returned for ``W``; a new contiguous tensor on ``x``'s device."""

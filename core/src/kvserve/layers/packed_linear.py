@@ -1,0 +1,65 @@
+"""Dense linear layers (and the LM head) moved onto a platform's :class:`LinearKernel` after loading."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kvserve.interfaces.linear_kernel import LinearKernel
+from kvserve.layers.embedding import VocabEmbedding
+from kvserve.layers.linear import LinearBase, UnquantizedLinearMethod
+
+
+class PackedLinearMethod(UnquantizedLinearMethod):
+    """Dense weights that ``kernel`` repacked: the layer's ``weight`` is the packed tensor (still
+    unquantized, so the method keeps the name ``"none"``)."""
+
+    def __init__(self, kernel: LinearKernel) -> None:
+        super().__init__()
+        self.kernel = kernel
+
+    def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return self.kernel.apply(x, layer.weight, bias)
+
+
+@dataclass(frozen=True)
+class PackingReport:
+    """What :func:`pack_linear_weights` moved onto the kernel, for the start-up line."""
+
+    kernel: str
+    packed_layers: int
+    dense_layers: int
+    """Unquantized linear layers the kernel left on ``F.linear`` (its choice, by shape or dtype)."""
+    lm_head: bool
+
+    def __str__(self) -> str:
+        head = " + lm_head" if self.lm_head else ""
+        return f"{self.kernel} ({self.packed_layers}/{self.packed_layers + self.dense_layers} linear layers{head})"
+
+
+def pack_linear_weights(model: torch.nn.Module, kernel: LinearKernel) -> PackingReport:
+    """Repack, once after loading, every unquantized linear layer's weight and the model's
+    ``lm_head`` (a :class:`VocabEmbedding`) where ``kernel.pack`` takes them.
+
+    Layers of a quantization method (or of a subclass of the unquantized one) are left alone:
+    their parameters are the method's own format. The dense weight a packed one replaces is
+    freed; a tied LM head keeps it, as the token embedding still reads it.
+    """
+    method = PackedLinearMethod(kernel)
+    packed = dense = 0
+    for module in model.modules():
+        if isinstance(module, LinearBase) and type(module.quant_method) is UnquantizedLinearMethod:
+            weight = kernel.pack(module.weight.data)
+            if weight is None:
+                dense += 1
+                continue
+            module.weight = torch.nn.Parameter(weight, requires_grad=False)
+            module.quant_method = method
+            packed += 1
+    head = getattr(model, "lm_head", None)
+    lm_head = False
+    if isinstance(head, VocabEmbedding):
+        tied = sum(m is head for _, m in model.named_modules(remove_duplicate=False)) > 1
+        lm_head = head.pack_head(kernel, keep_embedding=tied)
+    return PackingReport(kernel.name, packed, dense, lm_head)

@@ -1,0 +1,120 @@
+"""The platform's linear kernel seam: the engine repacks every dense linear layer and the LM head
+once after loading (the dense weights freed), leaves quantized layers alone, computes the same
+products, and says on its start-up line which kernel ran."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from kvserve import LLM
+from kvserve.layers import LinearBase, PackedLinearMethod, UnquantizedLinearMethod, pack_linear_weights
+from kvserve.loader import open_model
+from kvserve.logging_setup import configure_logging
+from kvserve.plugins import load_component
+from kvserve.testing.hf_models import build_tiny_model
+from kvserve_platform_cpu.onednn_linear import onednn_linear_kernel
+from kvserve_platform_cpu.platform import CpuPlatform
+
+kernel = onednn_linear_kernel()
+pytestmark = pytest.mark.skipif(kernel is None, reason="this torch build has no oneDNN (mkldnn)")
+
+
+@pytest.fixture(scope="module", params=["untied", "tied"])
+def model_path(request, tmp_path_factory):
+    return build_tiny_model(
+        "llama", tmp_path_factory.mktemp(request.param), tie_word_embeddings=request.param == "tied"
+    )
+
+
+def dense_model(path, dtype: torch.dtype) -> torch.nn.Module:
+    """The model as loaded before any packing."""
+    source = open_model(str(path))
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        model = load_component("model", source.hf_config.architectures[0])(source.hf_config, UnquantizedLinearMethod())
+    finally:
+        torch.set_default_dtype(previous)
+    model.load_weights(source.weights())
+    return model.eval()
+
+
+@pytest.fixture
+def startup_lines():
+    configure_logging()
+    logger = logging.getLogger("kvserve")
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    yield lines
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
+def test_engine_packs_every_dense_layer_and_the_lm_head(model_path, startup_lines):
+    llm = LLM(str(model_path), dtype="float32", max_model_len=64, num_kv_blocks=16)
+    model = llm.engine.model
+    linears = [m for m in model.modules() if isinstance(m, LinearBase)]
+    assert linears and all(isinstance(m.quant_method, PackedLinearMethod) for m in linears)
+    # The packed weight took the dense one's place: no dense copy of any weight is left.
+    assert all(m.weight.is_mkldnn and m.weight.shape == (m.output_size, m.input_size) for m in linears)
+    head, embedding = model.lm_head, model.model.embed_tokens
+    assert head.packed_head is not None and head.packed_head.is_mkldnn
+    if head is embedding:  # tied: the token embedding still reads the dense matrix
+        assert not embedding.weight.is_mkldnn and embedding.weight.shape == head.packed_head.shape
+    else:
+        assert head.weight.numel() == 0 and embedding.packed_head is None
+    line = next(m for m in startup_lines if m.startswith("kvserve engine:"))
+    assert f"linear_kernel=onednn ({len(linears)}/{len(linears)} linear layers + lm_head)" in line
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_layers_compute_what_the_dense_ones_did(model_path, dtype):
+    if dtype not in kernel.dtypes:
+        pytest.skip(f"oneDNN does not run {dtype} natively on this CPU")
+    dense, packed = dense_model(model_path, dtype), dense_model(model_path, dtype)
+    report = pack_linear_weights(packed, kernel)
+    assert report.packed_layers > 0 and report.dense_layers == 0 and report.lm_head
+    gen = torch.Generator().manual_seed(0)
+    tolerance = {} if dtype == torch.bfloat16 else {"rtol": 1e-5, "atol": 1e-5}
+    layers = dict(packed.named_modules())
+    with torch.inference_mode():
+        for name, layer in dense.named_modules():
+            if isinstance(layer, LinearBase):
+                x = torch.randn(5, layer.input_size, generator=gen).to(dtype)
+                torch.testing.assert_close(layers[name](x), layer(x), **tolerance, msg=name)
+        hidden = torch.randn(3, dense.hf_config.hidden_size, generator=gen).to(dtype)
+        torch.testing.assert_close(packed.compute_logits(hidden), dense.compute_logits(hidden), **tolerance)
+        ids = torch.tensor([1, 5, 9])
+        torch.testing.assert_close(packed.model.embed_tokens(ids), dense.model.embed_tokens(ids), rtol=0, atol=0)
+
+
+class SubclassedMethod(UnquantizedLinearMethod):
+    """A quantization method of its own (here: dense, under another name) owns its parameters."""
+
+    name = "subclassed"
+
+
+def test_layers_of_another_method_and_dtypes_the_kernel_declines_stay_dense(model_path):
+    model = dense_model(model_path, torch.float32)
+    mlp = model.model.layers[0].mlp
+    mlp.down_proj.quant_method = SubclassedMethod()
+    float16_layer = mlp.up_proj
+    float16_layer.weight.data = float16_layer.weight.data.half()
+    report = pack_linear_weights(model, kernel)
+    assert not mlp.down_proj.weight.is_mkldnn and isinstance(mlp.down_proj.quant_method, SubclassedMethod)
+    assert not float16_layer.weight.is_mkldnn and type(float16_layer.quant_method) is UnquantizedLinearMethod
+    assert report.dense_layers == 1 and "linear layers + lm_head" in str(report)
+
+
+def test_no_kernel_leaves_f_linear(model_path, monkeypatch, startup_lines):
+    monkeypatch.setattr(CpuPlatform, "linear_kernel", lambda self: None)
+    llm = LLM(str(model_path), dtype="float32", max_model_len=64, num_kv_blocks=16)
+    assert all(not m.weight.is_mkldnn for m in llm.engine.model.modules() if isinstance(m, LinearBase))
+    assert "linear_kernel=F.linear " in next(m for m in startup_lines if m.startswith("kvserve engine:"))
