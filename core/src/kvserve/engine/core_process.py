@@ -17,7 +17,6 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-import torch
 import zmq
 
 from kvserve.config import EngineConfig
@@ -44,34 +43,13 @@ def run_engine_core(
     """The process's entry point. ``setup`` (picklable) runs on the loaded engine before it serves:
     instrumentation, such as the fault injection of the tests."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the frontend decides
-    # The engine steps on a secondary thread, after the main thread has started OpenMP, as in the
-    # thread core. Measured (2 busy cores, CPU torch): steps from the thread that started OpenMP ran
-    # 8-40x slower (its team spins at every op); from any other thread they match the thread core.
-    torch.ones(1 << 20).add_(1)
-    code: list[int] = []
-    worker = threading.Thread(
-        target=lambda: code.append(_serve(config, command_address, output_address, parent_pid, setup)),
-        name="kvserve-engine-core",
-    )
-    worker.start()
-    worker.join()
-    sys.exit(code[0] if code else 1)
-
-
-def _serve(
-    config: EngineConfig,
-    command_address: str,
-    output_address: str,
-    parent_pid: int,
-    setup: Callable[[LLMEngine], Any] | None,
-) -> int:
     context = zmq.Context()
     commands = context.socket(zmq.PULL)
     commands.bind(command_address)
     outputs = context.socket(zmq.PUSH)
     outputs.setsockopt(zmq.SNDHWM, 0)  # never block a step on a slow frontend
     outputs.connect(output_address)
-    code = 0
+    code: list[int] = [1]
     try:
         try:
             engine = LLMEngine(config)
@@ -80,15 +58,20 @@ def _serve(
         except BaseException as exc:
             logger.exception("the engine core failed to start")
             outputs.send(encode(("failed", portable_error(exc))))
-            code = 1
         else:
             outputs.send(encode(("ready", EngineInfo.from_engine(engine), engine.stats())))
-            code = CoreLoop(engine, commands, outputs, parent_pid).run()
+            # Loaded on this thread, stepped on another, exactly as the thread core does. Measured (2 busy
+            # cores, CPU torch): steps from the thread that started torch's OpenMP pool ran 8-40x slower
+            # than from any other thread (that team spins at every op).
+            loop = CoreLoop(engine, commands, outputs, parent_pid)
+            worker = threading.Thread(target=lambda: code.__setitem__(0, loop.run()), name="kvserve-engine-core")
+            worker.start()
+            worker.join()
     finally:
         commands.close(linger=0)
         outputs.close(linger=FLUSH_MS)
         context.term()
-    return code
+    sys.exit(code[0])
 
 
 class CoreLoop:
