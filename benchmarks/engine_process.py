@@ -62,12 +62,13 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict:
             capture_output=True, text=True, check=True, env={**os.environ, "COLUMNS": "200"},
         ).stdout  # fmt: skip
         ttft = re.search(r"TTFT \(ms\)\s*│\s*([\d.]+)\s*│\s*([\d.]+)\s*│\s*([\d.]+)\s*│\s*([\d.]+)", streamed)
-        tok = re.search(r"([\d.]+) output tok/s", streamed)
+        tok = re.search(r"([\d.]+) output tok/s", re.sub(r"[\s│]+", " ", streamed))  # the caption wraps
         return {
             "mode": mode, "gen_tok_per_s": result["gen_tok_per_s"], "lat_mean_s": result["lat_mean_s"],
             "foreign_cpu_s": float(monitor.group(1)) if monitor else None,
             "streamed_tok_per_s": float(tok.group(1)) if tok else None,
-            "ttft_p50_ms": float(ttft.group(2)) if ttft else None, "ttft_p99_ms": float(ttft.group(4)) if ttft else None,
+            "ttft_p50_ms": float(ttft.group(2)) if ttft else None,
+            "ttft_p99_ms": float(ttft.group(4)) if ttft else None,
         }  # fmt: skip
     finally:
         server.send_signal(signal.SIGINT)

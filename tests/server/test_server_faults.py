@@ -237,11 +237,11 @@ def test_bodies_over_the_limit_get_413(tiny_llm: AsyncLLM, make_server) -> None:
         assert http.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 1}).status_code == 200
 
 
-def test_unexpected_errors_are_500_without_details(tiny_llm: AsyncLLM, http: httpx.Client, monkeypatch) -> None:
+def test_unexpected_errors_are_500_without_details(served_llm: AsyncLLM, http: httpx.Client, monkeypatch) -> None:
     def broken(*args: object) -> None:
         raise ZeroDivisionError("internal detail")
 
-    monkeypatch.setattr(tiny_llm, "validate_prompt", broken)
+    monkeypatch.setattr(served_llm, "validate_prompt", broken)
     response = http.post("/v1/completions", json={"model": MODEL, "prompt": "x"})
     assert response.status_code == 500 and response.json()["error"]["type"] == "server_error"
     assert "internal detail" not in response.text and "Traceback" not in response.text
