@@ -15,6 +15,7 @@ from transformers import AutoTokenizer
 from kvserve.config import EngineConfig, ServerConfig
 from kvserve.engine.async_llm import AsyncLLM
 from kvserve.server import ServerThread, build_app
+from kvserve.testing.engine_faults import FailingSeed
 from kvserve.testing.hf_models import build_tiny_model
 
 MODEL_NAME = "tiny"
@@ -42,6 +43,16 @@ def tiny_llm(tiny_model_dir: Path) -> Iterator[AsyncLLM]:
     llm.shutdown()
 
 
+@pytest.fixture(scope="session")
+def process_llm(tiny_model_dir: Path) -> Iterator[AsyncLLM]:
+    """``tiny_llm``'s engine in its own process; a request of seed 666 fails in its sampler."""
+    config = EngineConfig.from_flat(model=str(tiny_model_dir), dtype="float32", max_num_seqs=128, engine_process=True)
+    llm = AsyncLLM.from_config(config, core_setup=FailingSeed(666))
+    yield llm
+    llm.shutdown()
+    assert llm.core.process.exitcode == 0, "the engine core process should have stopped cleanly"
+
+
 def start_server(llm: AsyncLLM, **server_fields: Any) -> ServerThread:
     """A server over ``llm`` with these ServerConfig fields; use as a context manager."""
     return ServerThread(build_app(llm, ServerConfig(port=0, **server_fields), MODEL_NAME))
@@ -54,9 +65,18 @@ def make_server() -> Callable[..., ServerThread]:
 
 
 @pytest.fixture(scope="session")
-def server(tiny_llm: AsyncLLM) -> Iterator[ServerThread]:
-    with start_server(tiny_llm) as running:
+def server(request: pytest.FixtureRequest) -> Iterator[ServerThread]:
+    """The server over ``tiny_llm``; a test that must also hold with the engine core in its own process
+    runs over both with ``@pytest.mark.parametrize("server", ["thread", "process"], indirect=True)``."""
+    mode = getattr(request, "param", "thread")
+    with start_server(request.getfixturevalue("process_llm" if mode == "process" else "tiny_llm")) as running:
         yield running
+
+
+@pytest.fixture
+def served_llm(server: ServerThread) -> AsyncLLM:
+    """The engine behind ``server``."""
+    return server.app.state.server.llm
 
 
 @pytest.fixture

@@ -1,9 +1,12 @@
-"""Issue 9: a failed forward, a shutdown and a failed request reach every caller at once, AsyncLLM and HTTP."""
+"""Issue 9: a failed forward, a shutdown and a failed request reach every caller at once, AsyncLLM and HTTP;
+and (issue 14) the same with the engine core in its own process, killed with SIGKILL too."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -19,6 +22,7 @@ from kvserve.engine import sampler
 from kvserve.engine.async_llm import AsyncLLM
 from kvserve.errors import EngineDeadError
 from kvserve.sampling_params import SamplingParams
+from kvserve.testing.engine_faults import FailingForward
 
 MODEL = "tiny"
 LONG = 900  # tokens: with a step of at least STEP seconds, far longer than the test waits
@@ -36,20 +40,27 @@ def _wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
         time.sleep(0.02)
 
 
+def _engine(tiny_model_dir: Path, mode: str, setup: Callable | None = None, **fields) -> AsyncLLM:
+    """The tiny model's engine on a thread (``mode="thread"``) or in its own process (``"process"``)."""
+    config = EngineConfig.from_flat(model=str(tiny_model_dir), engine_process=mode == "process", **fields)
+    return AsyncLLM.from_config(config, core_setup=setup)
+
+
+def _in_engine(llm: AsyncLLM) -> int:
+    stats = llm.stats()
+    return stats.num_running + stats.num_waiting
+
+
+@pytest.mark.parametrize(
+    "mode, death",
+    [("thread", "forward"), ("process", "forward"), ("process", "kill -9")],
+    ids=["thread-forward", "process-forward", "process-kill9"],
+)
 def test_a_failing_forward_reaches_20_async_and_20_http_callers_within_5s(
-    tiny_model_dir: Path, make_server, monkeypatch: pytest.MonkeyPatch
+    tiny_model_dir: Path, make_server, tmp_path: Path, mode: str, death: str
 ) -> None:
-    llm = AsyncLLM.from_config(EngineConfig.from_flat(model=str(tiny_model_dir), max_num_seqs=64))
-    model = llm.engine.runner.model
-    forward, broken = model.forward, threading.Event()
-
-    def forward_until_broken(*args):
-        if broken.is_set():
-            raise RuntimeError("simulated device failure")
-        time.sleep(STEP)  # the tiny model is too quick to keep 40 requests in flight otherwise
-        return forward(*args)
-
-    monkeypatch.setattr(model, "forward", forward_until_broken)
+    broken = tmp_path / "broken"  # the tiny model is too quick to keep 40 requests in flight without the delay
+    llm = _engine(tiny_model_dir, mode, FailingForward(str(broken), delay=STEP), max_num_seqs=64)
     errors: dict[str, float] = {}  # caller -> when its error arrived
     outcomes: dict[str, str] = {}
 
@@ -84,9 +95,12 @@ def test_a_failing_forward_reaches_20_async_and_20_http_callers_within_5s(
             consumers = threading.Thread(target=lambda: asyncio.run(_gather(consumer(i) for i in range(20))))
             consumers.start()
             futures = [pool.submit(http_client, i, server.url) for i in range(20)]
-            _wait_for(lambda: len(llm.engine.states) == 40, 60, "40 requests in the engine")
+            _wait_for(lambda: _in_engine(llm) == 40, 60, "40 requests in the engine")
             time.sleep(0.2)  # a few decode steps with all of them running
-            broken.set()
+            if death == "forward":
+                broken.touch()
+            else:
+                os.kill(llm.core.process.pid, signal.SIGKILL)
             killed = time.monotonic()
             consumers.join(timeout=30)
             for future in futures:
@@ -99,15 +113,19 @@ def test_a_failing_forward_reaches_20_async_and_20_http_callers_within_5s(
             assert httpx.get(f"{server.url}/health").status_code == 503
     finally:
         llm.shutdown()
-    assert llm.engine.kv_cache_manager.num_free_blocks() == llm.engine.kv_cache_manager.num_blocks - 1
+    if mode == "thread":
+        assert llm.engine.kv_cache_manager.num_free_blocks() == llm.engine.kv_cache_manager.num_blocks - 1
+    else:  # the core is gone, with the exit of its death
+        assert llm.core.process.exitcode == (1 if death == "forward" else -signal.SIGKILL)
 
 
 async def _gather(coroutines) -> None:
     await asyncio.gather(*coroutines)
 
 
-def test_shutdown_answers_pending_and_later_generate_calls(tiny_model_dir: Path) -> None:
-    llm = AsyncLLM.from_config(EngineConfig.from_flat(model=str(tiny_model_dir)))
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_shutdown_answers_pending_and_later_generate_calls(tiny_model_dir: Path, mode: str) -> None:
+    llm = _engine(tiny_model_dir, mode)
 
     async def consume(i: int) -> None:
         async for _ in llm.generate(f"pending {i}", _long_params(), f"pending-{i}"):
@@ -115,7 +133,7 @@ def test_shutdown_answers_pending_and_later_generate_calls(tiny_model_dir: Path)
 
     async def main() -> list[BaseException]:
         tasks = [asyncio.create_task(consume(i)) for i in range(10)]
-        while len(llm.engine.states) < 10:
+        while _in_engine(llm) < 10:
             await asyncio.sleep(0.02)
         await asyncio.to_thread(llm.shutdown)
         results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 5)
@@ -124,18 +142,15 @@ def test_shutdown_answers_pending_and_later_generate_calls(tiny_model_dir: Path)
 
     results = asyncio.run(main())
     assert all(isinstance(r, EngineDeadError) and "shut down" in str(r) for r in results), results
-    assert not llm.engine.has_unfinished_requests()
+    if mode == "thread":
+        assert not llm.engine.has_unfinished_requests()
+    else:
+        assert llm.core.process.exitcode == 0
 
 
-def test_generate_calls_racing_the_engines_death_all_get_the_error(
-    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    llm = AsyncLLM.from_config(EngineConfig.from_flat(model=str(tiny_model_dir)))
-
-    def dead(*args):
-        raise RuntimeError("simulated device failure")
-
-    monkeypatch.setattr(llm.engine.runner.model, "forward", dead)
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_generate_calls_racing_the_engines_death_all_get_the_error(tiny_model_dir: Path, mode: str) -> None:
+    llm = _engine(tiny_model_dir, mode, FailingForward())
 
     async def consume(i: int) -> None:
         async for _ in llm.generate(f"racer {i}", _long_params(), f"racer-{i}"):
@@ -153,6 +168,7 @@ def test_generate_calls_racing_the_engines_death_all_get_the_error(
     assert all(isinstance(r, EngineDeadError) for r in results), results
 
 
+@pytest.mark.parametrize("server", ["thread", "process"], indirect=True)  # process_llm fails seed 666 itself
 def test_a_request_the_engine_fails_gets_500_and_a_bystander_stream_completes(
     server, http: httpx.Client, idle: Callable, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -67,12 +67,27 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def test_serve_cli_applies_config_and_shuts_down_gracefully_on_sigterm(tiny_model_dir: Path, tmp_path: Path) -> None:
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and int(Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()[1]) == pid:
+                found.append(int(entry))
+        except OSError:
+            continue  # it exited meanwhile
+    return found
+
+
+@pytest.mark.parametrize("engine", ["--no-engine-process", "--engine-process"])
+def test_serve_cli_applies_config_and_shuts_down_gracefully_on_sigterm(
+    tiny_model_dir: Path, tmp_path: Path, engine: str
+) -> None:
     port = _free_port()
     config = tmp_path / "serve.yaml"
     config.write_text(f"server:\n  port: {port}\nmax_model_len: 200\n")
     env = {**os.environ, "KVSERVE_SERVED_MODEL_NAME": "tiny-from-env", "KVSERVE_LOG_LEVEL": "WARNING"}
-    command = [sys.executable, "-m", "kvserve.cli", "serve", str(tiny_model_dir), "--config", str(config)]
+    command = [sys.executable, "-m", "kvserve.cli", "serve", str(tiny_model_dir), "--config", str(config), engine]
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         url = f"http://127.0.0.1:{port}"
@@ -85,6 +100,9 @@ def test_serve_cli_applies_config_and_shuts_down_gracefully_on_sigterm(tiny_mode
                 assert process.poll() is None and time.monotonic() < deadline, "server did not start"
                 time.sleep(0.2)
         assert [(m["id"], m["max_model_len"]) for m in models] == [("tiny-from-env", 200)]
+        children = _children(process.pid) if sys.platform.startswith("linux") else []
+        cores = [pid for pid in children if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        assert len(cores) == (engine == "--engine-process" and sys.platform.startswith("linux")), children
 
         lines: list[str] = []
         first_chunk = threading.Event()
@@ -107,6 +125,7 @@ def test_serve_cli_applies_config_and_shuts_down_gracefully_on_sigterm(tiny_mode
         assert chunks[-1]["choices"][0]["finish_reason"] == "length"
         with pytest.raises(httpx.ConnectError):
             httpx.get(f"{url}/health")
+        assert not any(Path(f"/proc/{pid}").exists() for pid in cores), "the engine core outlived the server"
     finally:
         if process.poll() is None:
             process.kill()

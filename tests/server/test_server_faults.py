@@ -17,6 +17,7 @@ import pytest
 from kvserve.config import EngineConfig
 from kvserve.config_sources import load_config
 from kvserve.engine.async_llm import AsyncLLM
+from kvserve.testing.engine_faults import FailingForward
 
 MODEL = "tiny"
 PROMPTS = [f"Request {i}: the quick brown fox" for i in range(10)]
@@ -48,6 +49,7 @@ async def _stream(
     raise AssertionError("stream ended without [DONE]")
 
 
+@pytest.mark.parametrize("server", ["thread", "process"], indirect=True)
 def test_200_concurrent_streams_with_a_third_disconnecting(server, http: httpx.Client, idle: Callable) -> None:
     expected = {p: _greedy(http, p) for p in PROMPTS}
     rng = random.Random(0)
@@ -66,6 +68,7 @@ def test_200_concurrent_streams_with_a_third_disconnecting(server, http: httpx.C
     assert _greedy(http, PROMPTS[0]) == expected[PROMPTS[0]]
 
 
+@pytest.mark.parametrize("server", ["thread", "process"], indirect=True)
 def test_disconnect_mid_stream_frees_blocks_at_once(http: httpx.Client, idle: Callable, metrics: Callable) -> None:
     before = metrics(http)["kvserve:generation_tokens_total"]
     body = {"model": MODEL, "prompt": "A long story", "max_tokens": 1000, "ignore_eos": True, "stream": True}
@@ -79,6 +82,7 @@ def test_disconnect_mid_stream_frees_blocks_at_once(http: httpx.Client, idle: Ca
     assert after["kvserve:generation_tokens_total"] - before < 1000  # stopped long before max_tokens
 
 
+@pytest.mark.parametrize("server", ["thread", "process"], indirect=True)
 def test_disconnect_of_a_non_streamed_request_aborts_it(server, http: httpx.Client, idle: Callable, metrics) -> None:
     before = metrics(http)["kvserve:generation_tokens_total"]
     body = {"model": MODEL, "prompt": "Another long story", "max_tokens": 1000, "ignore_eos": True}
@@ -155,6 +159,7 @@ MALFORMED = [
 ]
 
 
+@pytest.mark.parametrize("server", ["thread", "process"], indirect=True)
 def test_malformed_requests_get_openai_errors_and_disturb_nobody(server, http: httpx.Client, metrics) -> None:
     expected = _greedy(http, PROMPTS[1], max_tokens=500)
     streamed: list[str | None] = []
@@ -232,24 +237,29 @@ def test_bodies_over_the_limit_get_413(tiny_llm: AsyncLLM, make_server) -> None:
         assert http.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 1}).status_code == 200
 
 
-def test_unexpected_errors_are_500_without_details(tiny_llm: AsyncLLM, http: httpx.Client, monkeypatch) -> None:
+def test_unexpected_errors_are_500_without_details(served_llm: AsyncLLM, http: httpx.Client, monkeypatch) -> None:
     def broken(*args: object) -> None:
         raise ZeroDivisionError("internal detail")
 
-    monkeypatch.setattr(tiny_llm.engine, "validate_prompt", broken)
+    monkeypatch.setattr(served_llm, "validate_prompt", broken)
     response = http.post("/v1/completions", json={"model": MODEL, "prompt": "x"})
     assert response.status_code == 500 and response.json()["error"]["type"] == "server_error"
     assert "internal detail" not in response.text and "Traceback" not in response.text
 
 
-def test_dead_engine_answers_503(tiny_model_dir: Path, make_server, monkeypatch: pytest.MonkeyPatch) -> None:
-    llm = AsyncLLM.from_config(EngineConfig.from_flat(model=str(tiny_model_dir)))
+@pytest.mark.parametrize("engine_process", [False, True], ids=["thread", "process"])
+def test_dead_engine_answers_503(
+    tiny_model_dir: Path, make_server, monkeypatch: pytest.MonkeyPatch, engine_process: bool
+) -> None:
+    config = EngineConfig.from_flat(model=str(tiny_model_dir), engine_process=engine_process)
+    llm = AsyncLLM.from_config(config, core_setup=FailingForward() if engine_process else None)
     try:
 
         def crash() -> None:
             raise RuntimeError("simulated device failure")
 
-        monkeypatch.setattr(llm.engine, "step", crash)
+        if not engine_process:  # the step itself breaks, not only the forward inside it
+            monkeypatch.setattr(llm.engine, "step", crash)
         with make_server(llm) as doomed, httpx.Client(base_url=doomed.url) as http:
             first = http.post("/v1/completions", json={"model": MODEL, "prompt": "x"})
             assert first.status_code == 503 and first.json()["error"]["code"] == "engine_dead"
@@ -271,6 +281,7 @@ def test_an_empty_api_key_means_no_key(tiny_llm: AsyncLLM, make_server, source: 
         assert http.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 1}).status_code == 200
 
 
+@pytest.mark.parametrize("server", ["thread", "process"], indirect=True)
 def test_a_long_tokenize_does_not_stall_a_stream(server, http: httpx.Client, tiny_llm: AsyncLLM) -> None:
     text = ("The quick brown fox, une école, 狐狸 🦊. " * 30000)[:1_000_000]  # ~1 MB; seconds to tokenize
     began = time.monotonic()

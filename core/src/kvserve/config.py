@@ -93,6 +93,11 @@ class ServerConfig(_Section):
     max_bad_word_length: PositiveInt = Field(256, description="Characters of one 'bad_words' entry; longer is a 400")
     max_request_body_bytes: ByteSize = Field(ByteSize(2 * 1024 * 1024), gt=0, description="Larger bodies get 413")
     shutdown_timeout: PositiveFloat = Field(30.0, description="Seconds in-flight requests get to finish on shutdown")
+    engine_process: bool = Field(
+        False,
+        description="Run the engine core (scheduler, KV cache, model) in its own process behind ZeroMQ, so "
+        "HTTP, tokenization and SSE never take the GIL from the step loop",
+    )
 
     @field_validator("api_key", mode="before")
     @classmethod

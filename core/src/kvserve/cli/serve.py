@@ -31,6 +31,13 @@ def serve(
     distributed_executor_backend: ExecutorBackend = None,
     config_file: ConfigFile = None,
     assignments: Assignments = None,
+    engine_process: Annotated[
+        bool | None,
+        typer.Option(
+            "--engine-process/--no-engine-process",
+            help="Step the engine in its own process behind ZeroMQ (default: off, in a thread of the server).",
+        ),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn's log level.")] = "info",
 ) -> None:
     """Serve a model over the OpenAI API until SIGINT or SIGTERM.
@@ -45,5 +52,6 @@ def serve(
         served_model_name=served_model_name, max_concurrent_sequences=max_concurrent_sequences,
         max_model_len=max_model_len, max_num_seqs=max_num_seqs, dtype=dtype,
         tensor_parallel_size=tensor_parallel_size, distributed_executor_backend=distributed_executor_backend,
+        engine_process=engine_process,
     )  # fmt: skip
     run_server(config, log_level=log_level)

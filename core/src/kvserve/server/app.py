@@ -50,7 +50,7 @@ async def list_models(request: Request) -> JSONResponse:
     state = _state(request)
     card = {
         "id": state.model_name, "object": "model", "created": state.created, "owned_by": "kvserve",
-        "root": str(state.llm.engine.model_path), "max_model_len": state.llm.engine.max_model_len,
+        "root": state.llm.info.model_path, "max_model_len": state.llm.info.max_model_len,
     }  # fmt: skip
     return JSONResponse({"object": "list", "data": [card]})
 
@@ -63,7 +63,7 @@ async def tokenize(request: Request) -> JSONResponse:
     state.check_model(body.model)
     if (body.prompt is None) == (body.messages is None):
         raise OpenAIError(400, "give exactly one of prompt and messages", param="prompt")
-    max_model_len = state.llm.engine.max_model_len
+    max_model_len = state.llm.info.max_model_len
 
     def work() -> JSONResponse:  # seconds for a long text: in a worker thread, so streams go on meanwhile
         if body.messages is not None:
@@ -80,7 +80,7 @@ async def detokenize(request: Request) -> JSONResponse:
     state = _state(request)
     body = await read_body(request, DetokenizeRequest)
     state.check_model(body.model)
-    vocab = state.llm.engine.hf_config.vocab_size
+    vocab = state.llm.info.vocab_size
     bad = [t for t in body.tokens if not 0 <= t < vocab]
     if bad:
         raise OpenAIError(400, f"tokens: {bad[:5]} outside the vocabulary [0, {vocab})", param="tokens")

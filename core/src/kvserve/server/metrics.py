@@ -2,14 +2,14 @@
 
 Request-level latencies are observed as outputs stream through the server; engine state
 (queues, KV blocks, prefix cache, token and preemption totals) is read from
-``LLMEngine.stats()`` at scrape time. Each app has its own registry, so several servers can
-live in one process.
+``AsyncLLM.stats()`` at scrape time (the snapshot of the latest step when the engine core has
+its own process). Each app has its own registry, so several servers can live in one process.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import aclosing
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -17,7 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from kvserve.engine.llm_engine import LLMEngine
+from kvserve.engine.stats import EngineStats
 from kvserve.outputs import RequestOutput
 
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0)
@@ -27,11 +27,11 @@ _E2E_BUCKETS = (0.1, 0.3, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300
 class EngineCollector(Collector):
     """Engine gauges and counters, read when Prometheus scrapes."""
 
-    def __init__(self, engine: LLMEngine) -> None:
-        self.engine = engine
+    def __init__(self, stats: Callable[[], EngineStats]) -> None:
+        self.stats = stats
 
     def collect(self) -> Iterator[Metric]:
-        stats = self.engine.stats()
+        stats = self.stats()
         kv = stats.kv_cache
         gauges = {
             "num_requests_running": ("Requests in the running batch.", stats.num_running),
@@ -57,7 +57,7 @@ class EngineCollector(Collector):
 class ServerMetrics:
     """The registry behind ``GET /metrics``."""
 
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(self, engine_stats: Callable[[], EngineStats]) -> None:
         self.registry = CollectorRegistry()
         registry = self.registry
         self.http_requests = Counter(
@@ -76,7 +76,7 @@ class ServerMetrics:
         self.e2e = Histogram(
             "kvserve:e2e_request_latency_seconds", "Arrival to last token.", buckets=_E2E_BUCKETS, registry=registry
         )
-        registry.register(EngineCollector(engine))
+        registry.register(EngineCollector(engine_stats))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -64,6 +64,7 @@ class ServerThread:
 
     def __init__(self, app: FastAPI, config: ServerConfig | None = None, log_level: str = "warning") -> None:
         self.config = config or ServerConfig(port=0)
+        self.app = app
         self.server = uvicorn.Server(_uvicorn_config(app, self.config, log_level))
         self.socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.thread = threading.Thread(target=self._run, name="kvserve-uvicorn", daemon=True)

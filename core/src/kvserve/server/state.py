@@ -30,8 +30,8 @@ class ServerState:
         self.llm = llm
         self.config = config
         self.model_name = config.served_model_name or model_name or EMBEDDED_MODEL_NAME
-        self.metrics = ServerMetrics(llm.engine)
-        self.limits = RequestLimits(config, llm.engine.hf_config.vocab_size)
+        self.metrics = ServerMetrics(llm.stats)
+        self.limits = RequestLimits(config, llm.info.vocab_size)
         self.created = int(time.time())
         self.accepting = True
         """False once shutdown begins."""
@@ -62,7 +62,7 @@ class ServerState:
         """Reject, before anything is queued or streamed, a prompt the engine could never serve."""
         for token_ids in prompts:
             try:
-                self.llm.engine.validate_prompt(token_ids, params)
+                self.llm.validate_prompt(token_ids, params)
             except (ValueError, CapacityError) as exc:  # the message names the field
                 raise engine_error(exc) from None
 
