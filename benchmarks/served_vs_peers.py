@@ -35,7 +35,10 @@ import httpx
 from kvserve.benchmarking.cpu_usage import CpuWindow
 from kvserve.benchmarking.serving_client import run_serving_benchmark
 
-DEFAULT_KIT = Path(__file__).resolve().parents[2] / "shared/peers"
+# The kit sits in ../shared/peers of the main checkout (a worktree under wt/ has it one level further up).
+DEFAULT_KIT = next(
+    (kit for up in Path(__file__).resolve().parents[1:4] if (kit := up / "shared/peers").is_dir()), Path("shared/peers")
+)
 DEFAULT_VLLM_VENV = Path.home() / ".cache/kvserve-peers/vllm"
 SERVED_NAME = "m"
 
