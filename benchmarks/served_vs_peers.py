@@ -119,6 +119,8 @@ def measure(kind: str, args: argparse.Namespace, workload: dict, log_dir: Path) 
     report: dict = {"startup_s": startup}
     try:
         asyncio.run(run_serving_benchmark(url, prompts[:2], 8, SERVED_NAME, progress=False))  # warm-up
+        if proc.poll() is not None:
+            raise SystemExit(f"the {kind} server stopped (exit {proc.returncode}); see {log_dir}/{kind}-server.log")
         with CpuWindow(proc.pid) as cpu:
             report["kit_tok_s"] = kit_client(url, args)["gen_tok_per_s"]
         report["kit_foreign_s"] = cpu.foreign_s
