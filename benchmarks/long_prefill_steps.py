@@ -1,0 +1,106 @@
+"""Decode step times while long prompts arrive: does chunked prefill keep the p99 step under 2x the median?
+
+``--decodes`` short requests decode ``--decode-len`` tokens each; after ``--arrive-after`` steps,
+``--long`` prompts of ``--long-len`` random token ids arrive (as in issue 14: 4 prompts of ~3k
+tokens while 28 sequences decode). Every ``LLMEngine.step`` is timed, and the scheduler's plan of
+the step is recorded (a wrapper around ``scheduler.schedule``) to tell decode-only steps from
+steps that also carry a prefill chunk. Reported over the steps that decode: median, p99, max,
+p99/median; and the cost of a prefill token, from which the chunk size that keeps a mixed step
+under 2x a decode-only one follows. ``--budget`` (repeatable) runs once per
+``max_num_batched_tokens`` (the chunk budget); ``--kvserve-set FIELD=VALUE`` adds config.
+
+    python benchmarks/long_prefill_steps.py --budget 2048 --budget 256   # embedded SmolLM2 (8k context)
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+
+from kvserve import LLM, SamplingParams
+from kvserve.benchmarking.percentile import percentile
+from kvserve.config_sources import config_fields, parse_assignments
+
+
+def timed_steps(llm: LLM, args: argparse.Namespace) -> list[tuple[float, int, int]]:
+    """(seconds, decode tokens, prefill tokens) of every step until all requests finish."""
+    engine = llm.engine
+    plans = []
+    schedule = engine.scheduler.schedule
+
+    def recording_schedule():  # the plan is what tells a decode from a prefill chunk
+        plan = schedule()
+        plans.append(plan)
+        return plan
+
+    engine.scheduler.schedule = recording_schedule
+    rng = random.Random(0)
+    vocab = engine.hf_config.vocab_size
+
+    def add(tag: str, count: int, length: int, new: int) -> None:
+        params = SamplingParams(temperature=0.0, max_tokens=new, min_tokens=new, ignore_eos=True)
+        for i in range(count):
+            engine.add_request(f"{tag}{i}", [rng.randrange(vocab) for _ in range(length)], params)
+
+    add("decode", args.decodes, args.short_len, args.decode_len)
+    steps = []
+    while engine.has_unfinished_requests():
+        if len(steps) == args.arrive_after:
+            add("long", args.long, args.long_len, 8)
+        start = time.perf_counter()
+        engine.step()
+        seconds = time.perf_counter() - start
+        plan = plans[-1]
+        prefill = sum(s.num_tokens for s in plan.scheduled if s.start < s.request.num_prompt_tokens)
+        steps.append((seconds, plan.num_batched_tokens - prefill, prefill))
+    engine.scheduler.schedule = schedule
+    return steps
+
+
+def report(budget: int, steps: list[tuple[float, int, int]]) -> None:
+    decoding = [s for s in steps if s[1] > 0]
+    times = [s[0] * 1000 for s in decoding]
+    mixed = [s for s in decoding if s[2] > 0]
+    pure = [s[0] * 1000 for s in decoding if s[2] == 0]
+    median, p99 = statistics.median(times), percentile(times, 99)
+    print(
+        f"budget {budget:>5}: {len(decoding)} decoding steps, median {median:.1f} ms, p99 {p99:.1f} ms, "
+        f"max {max(times):.1f} ms, p99/median {p99 / median:.2f}x"
+    )
+    if mixed and pure:
+        mixed_ms = statistics.median(s[0] * 1000 for s in mixed)
+        chunk = statistics.median(s[2] for s in mixed)
+        per_token = max(mixed_ms - statistics.median(pure), 1e-6) / chunk
+        print(
+            f"  {len(mixed)} steps carry a prefill chunk (median {chunk:.0f} tokens, {mixed_ms:.1f} ms) vs "
+            f"{len(pure)} decode-only (median {statistics.median(pure):.1f} ms): {per_token:.3f} ms per prefill "
+            f"token, so a chunk of <= {statistics.median(pure) / per_token:.0f} tokens keeps a mixed step under 2x"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model", nargs="?", help="HF model directory with >= 4k context (default: embedded SmolLM2)")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--decodes", type=int, default=28)
+    parser.add_argument("--short-len", type=int, default=32, help="prompt tokens of each decoding request")
+    parser.add_argument("--decode-len", type=int, default=160)
+    parser.add_argument("--long", type=int, default=4)
+    parser.add_argument("--long-len", type=int, default=3000)
+    parser.add_argument("--arrive-after", type=int, default=16, help="decode steps before the long prompts arrive")
+    parser.add_argument("--budget", type=int, action="append", help="max_num_batched_tokens; repeatable")
+    parser.add_argument("--kvserve-set", action="append", default=[], metavar="FIELD=VALUE")
+    args = parser.parse_args()
+
+    for budget in args.budget or [2048]:
+        fields = {"dtype": args.dtype, "max_model_len": 4096, "max_num_batched_tokens": budget}
+        llm = LLM(args.model, **config_fields(None, {**fields, **parse_assignments(args.kvserve_set)}))
+        llm.generate([[1] * 16] * 2, SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)  # warm-up
+        report(budget, timed_steps(llm, args))
+        llm.engine.shutdown()
+
+
+if __name__ == "__main__":
+    main()

