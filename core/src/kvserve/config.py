@@ -59,6 +59,19 @@ class AttentionConfig(_Section):
     attention_backend: str = AUTO
 
 
+class CompilationConfig(_Section):
+    """How the model's forward runs: eagerly, or compiled by ``torch.compile`` (inductor)."""
+
+    optimization_level: Literal[0, 1, 2] = Field(
+        0,
+        description="0: eager (quick start); 1: torch.compile, one graph per token bucket; "
+        "2: as 1 with inductor freezing (weights folded and prepacked for the CPU's GEMM libraries)",
+    )
+    compile_cache_dir: str | None = Field(
+        None, description="Inductor's on-disk cache; None: $TORCHINDUCTOR_CACHE_DIR, else ~/.cache/kvserve/inductor"
+    )
+
+
 class PlatformConfig(_Section):
     platform: str = AUTO
 
@@ -116,6 +129,7 @@ class EngineConfig(_Section):
     cache: CacheConfig = Field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     attention: AttentionConfig = Field(default_factory=AttentionConfig)
+    compilation: CompilationConfig = Field(default_factory=CompilationConfig)
     platform: PlatformConfig = Field(default_factory=PlatformConfig)
     quantization: QuantizationConfig = Field(default_factory=QuantizationConfig)
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
