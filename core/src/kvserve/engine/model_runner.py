@@ -70,20 +70,24 @@ class ModelRunner:
         buf.ensure(padded, num_seqs, width)
         ids, positions, slots = buf.input_ids.host, buf.positions.host, buf.slot_mapping.host
         block_tables = buf.block_table_rows(num_seqs, width)
-        query_start_loc, seq_lens, context_lens = [0], [], []
-        at = 0
-        for row, (item, table) in enumerate(zip(scheduled, tables)):
-            start, n = item.start, item.num_tokens
+        for row, table in enumerate(tables):
             block_tables[row, : len(table)] = table
-            ids[at : at + n] = item.request.token_ids(start, start + n)
-            pos = positions[at : at + n]
-            pos[:] = np.arange(start, start + n)
-            slots[at : at + n] = block_tables[row, pos // bs] * bs + pos % bs
-            at += n
-            query_start_loc.append(at)
-            seq_lens.append(start + n)
-            context_lens.append(start)
+        counts = np.fromiter((item.num_tokens for item in scheduled), np.int64, num_seqs)
+        starts = np.fromiter((item.start for item in scheduled), np.int64, num_seqs)
+        ends = np.cumsum(counts)
+        token_ids: list[int] = []
+        for item in scheduled:
+            token_ids += item.request.token_ids(item.start, item.start + item.num_tokens)
+        ids[:num_tokens] = token_ids
+        # Token t of sequence i sits at position starts[i] + (t - first token of i).
+        rows = np.repeat(np.arange(num_seqs), counts)
+        pos = positions[:num_tokens]
+        pos[:] = np.arange(num_tokens) - np.repeat(ends - counts - starts, counts)
+        slots[:num_tokens] = block_tables[rows, pos // bs] * bs + pos % bs
         ids[num_tokens:padded], positions[num_tokens:padded], slots[num_tokens:padded] = 0, 0, -1
+        query_start_loc = [0, *ends.tolist()]
+        seq_lens = (starts + counts).tolist()
+        context_lens = starts.tolist()
         buf.query_start_loc.host[: num_seqs + 1] = query_start_loc
         buf.seq_lens.host[:num_seqs] = seq_lens
         buf.context_lens.host[:num_seqs] = context_lens
