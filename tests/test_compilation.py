@@ -48,6 +48,8 @@ def test_optimization_level_is_validated():
     assert EngineConfig.from_flat(optimization_level=2).compilation.optimization_level == 2
     with pytest.raises(ConfigError, match="compilation.optimization_level"):
         EngineConfig.from_flat(optimization_level=3)
+    with pytest.raises(ConfigError, match="optimization_level 1 .* tensor_parallel_size=2"):
+        EngineConfig.from_flat(optimization_level=1, tensor_parallel_size=2)
 
 
 def test_padded_step_lands_in_the_persistent_buffers(tiny_llama):

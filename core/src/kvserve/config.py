@@ -135,6 +135,16 @@ class EngineConfig(_Section):
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
 
+    @model_validator(mode="after")
+    def _compiled_runs_on_one_rank(self) -> EngineConfig:
+        # The row layers' all-reduce inside a compiled graph is untested: refuse rather than guess.
+        if self.compilation.optimization_level and self.parallel.tensor_parallel_size > 1:
+            raise ValueError(
+                f"optimization_level {self.compilation.optimization_level} (compiled) is not supported with "
+                f"tensor_parallel_size={self.parallel.tensor_parallel_size} yet; use optimization_level 0"
+            )
+        return self
+
     @classmethod
     def from_flat(cls, **fields: Any) -> EngineConfig:
         """Build from flat field names (``LLM(max_num_seqs=8)``, CLI options, env vars).
