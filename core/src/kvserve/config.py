@@ -59,6 +59,19 @@ class AttentionConfig(_Section):
     attention_backend: str = AUTO
 
 
+class CompilationConfig(_Section):
+    """How the model's forward runs: eagerly, or compiled by ``torch.compile`` (inductor)."""
+
+    optimization_level: Literal[0, 1, 2] = Field(
+        0,
+        description="0: eager (quick start); 1: torch.compile, one graph per token bucket; "
+        "2: as 1 with inductor freezing (weights folded and prepacked for the CPU's GEMM libraries)",
+    )
+    compile_cache_dir: str | None = Field(
+        None, description="Inductor's on-disk cache; None: $TORCHINDUCTOR_CACHE_DIR, else ~/.cache/kvserve/inductor"
+    )
+
+
 class PlatformConfig(_Section):
     platform: str = AUTO
 
@@ -121,10 +134,21 @@ class EngineConfig(_Section):
     cache: CacheConfig = Field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     attention: AttentionConfig = Field(default_factory=AttentionConfig)
+    compilation: CompilationConfig = Field(default_factory=CompilationConfig)
     platform: PlatformConfig = Field(default_factory=PlatformConfig)
     quantization: QuantizationConfig = Field(default_factory=QuantizationConfig)
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
+
+    @model_validator(mode="after")
+    def _compiled_runs_on_one_rank(self) -> EngineConfig:
+        # The row layers' all-reduce inside a compiled graph is untested: refuse rather than guess.
+        if self.compilation.optimization_level and self.parallel.tensor_parallel_size > 1:
+            raise ValueError(
+                f"optimization_level {self.compilation.optimization_level} (compiled) is not supported with "
+                f"tensor_parallel_size={self.parallel.tensor_parallel_size} yet; use optimization_level 0"
+            )
+        return self
 
     @classmethod
     def from_flat(cls, **fields: Any) -> EngineConfig:

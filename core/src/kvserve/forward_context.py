@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -19,3 +21,28 @@ class ForwardContext:
     """The backend's :meth:`~kvserve.interfaces.AttentionBackend.build_metadata` result."""
     kv_caches: list[Any]
     """One entry per layer, as the backend's ``allocate_kv_cache`` made them."""
+
+
+_current: ForwardContext | None = None
+
+
+@contextmanager
+def current_forward_context(ctx: ForwardContext) -> Iterator[ForwardContext]:
+    """Within the block, :func:`get_forward_context` returns ``ctx``.
+
+    A compiled model cannot take the context through its graph (it is no tensor), so the
+    attention op of a compiled forward reads it from here instead.
+    """
+    global _current
+    previous, _current = _current, ctx
+    try:
+        yield ctx
+    finally:
+        _current = previous
+
+
+def get_forward_context() -> ForwardContext:
+    """The context of the forward now running (see :func:`current_forward_context`)."""
+    if _current is None:
+        raise RuntimeError("no forward context is set: run the model inside current_forward_context(ctx)")
+    return _current

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kvserve.cli.app import app
-from kvserve.cli.options import Assignments, ConfigFile, ModelOption, resolve_fields
+from kvserve.cli.options import Assignments, ConfigFile, ModelOption, OptimizationLevel, resolve_fields
 
 bench_app = typer.Typer(help="Benchmark offline throughput and latency, or a running server.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
@@ -37,6 +37,7 @@ def throughput(
         int | None, typer.Option(help="Random prompts of this many tokens (default: chat questions).")
     ] = None,
     output_len: OutputLen = 64,
+    optimization_level: OptimizationLevel = None,
     config_file: ConfigFile = None,
     assignments: Assignments = None,
 ) -> None:
@@ -44,7 +45,8 @@ def throughput(
     from kvserve.benchmarking.offline import measure_throughput
 
     console = Console()
-    llm = _load_llm(resolve_fields(config_file, assignments, model=model), console)
+    fields = resolve_fields(config_file, assignments, model=model, optimization_level=optimization_level)
+    llm = _load_llm(fields, console)
     prompts = _prompts(llm, num_prompts, input_len)
     measure_throughput(llm, prompts[:2], 4, progress=False)  # warm-up
     result = measure_throughput(llm, prompts, output_len)
@@ -56,6 +58,7 @@ def throughput(
         f"{result.total_tokens_per_second:.1f}", f"{result.seconds:.2f}",
     )  # fmt: skip
     console.print(table)
+    console.print(_how_it_ran(llm), highlight=False)
 
 
 @bench_app.command()
@@ -66,6 +69,7 @@ def latency(
     output_len: OutputLen = 64,
     num_iters: Annotated[int, typer.Option(help="Measured iterations.")] = 5,
     warmup_iters: Annotated[int, typer.Option(help="Unmeasured iterations first.")] = 1,
+    optimization_level: OptimizationLevel = None,
     config_file: ConfigFile = None,
     assignments: Assignments = None,
 ) -> None:
@@ -74,7 +78,8 @@ def latency(
     from kvserve.benchmarking.percentile import percentile
 
     console = Console()
-    llm = _load_llm(resolve_fields(config_file, assignments, model=model), console)
+    fields = resolve_fields(config_file, assignments, model=model, optimization_level=optimization_level)
+    llm = _load_llm(fields, console)
     prompts = _prompts(llm, batch_size, input_len)
     latencies = measure_latency(llm, prompts, output_len, num_iters, warmup_iters)
     table = Table(title=f"Batch latency: {batch_size} x ({input_len} prompt + {output_len} output tokens)")
@@ -84,6 +89,7 @@ def latency(
     for p in (10, 50, 90, 99):
         table.add_row(f"p{p}", f"{percentile(latencies, p):.3f}")
     console.print(table)
+    console.print(_how_it_ran(llm), highlight=False)
 
 
 @bench_app.command("serve")
@@ -137,6 +143,12 @@ def serving_table(summary: dict[str, float], title: str) -> Table:
         f"{summary['total_token_throughput']:.1f} total tok/s"
     )
     return table
+
+
+def _how_it_ran(llm: Any) -> str:
+    """The engine's optimization level, compilation (with compile seconds) and attention kernels."""
+    engine = llm.engine
+    return f"dtype={str(engine.dtype).removeprefix('torch.')} {engine.execution_summary()}"
 
 
 def _prompts(llm: Any, count: int, input_len: int | None) -> list[list[int]]:

@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 
 from kvserve.cli.app import app
-from kvserve.cli.options import ExecutorBackend, TensorParallelSize
+from kvserve.cli.options import ExecutorBackend, OptimizationLevel, TensorParallelSize
 
 
 @app.command()
@@ -26,6 +26,7 @@ def generate(
     max_model_len: Annotated[int | None, typer.Option()] = None,
     tensor_parallel_size: TensorParallelSize = None,
     distributed_executor_backend: ExecutorBackend = None,
+    optimization_level: OptimizationLevel = None,
 ) -> None:
     """Generate completions offline and print them."""
     from kvserve.entrypoints.llm import LLM
@@ -34,6 +35,7 @@ def generate(
     parallel = {
         "tensor_parallel_size": tensor_parallel_size,
         "distributed_executor_backend": distributed_executor_backend,
+        "optimization_level": optimization_level,
     }
     llm = LLM(
         model=model, dtype=dtype, max_num_seqs=max_num_seqs, max_model_len=max_model_len,

@@ -24,6 +24,16 @@ TensorParallelSize = Annotated[
 ExecutorBackend = Annotated[
     str | None, typer.Option(help="How tensor-parallel workers run: auto, mp or ray (default: auto).")
 ]
+OptimizationLevel = Annotated[
+    int | None,
+    typer.Option(
+        "-O",
+        "--optimization-level",
+        min=0,
+        max=2,
+        help="0: eager, quick start; 1: torch.compile per token bucket; 2: as 1 with weight freezing (default: 0).",
+    ),
+]
 ModelOption = Annotated[str | None, typer.Option(help="HF directory or .gguf file (default: the embedded SmolLM2).")]
 
 

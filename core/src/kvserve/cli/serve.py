@@ -7,7 +7,14 @@ from typing import Annotated
 import typer
 
 from kvserve.cli.app import app
-from kvserve.cli.options import Assignments, ConfigFile, ExecutorBackend, TensorParallelSize, resolve_config
+from kvserve.cli.options import (
+    Assignments,
+    ConfigFile,
+    ExecutorBackend,
+    OptimizationLevel,
+    TensorParallelSize,
+    resolve_config,
+)
 
 
 @app.command()
@@ -29,6 +36,7 @@ def serve(
     dtype: Annotated[str | None, typer.Option(help="auto, float32, bfloat16 or float16.")] = None,
     tensor_parallel_size: TensorParallelSize = None,
     distributed_executor_backend: ExecutorBackend = None,
+    optimization_level: OptimizationLevel = None,
     config_file: ConfigFile = None,
     assignments: Assignments = None,
     engine_process: Annotated[
@@ -53,5 +61,6 @@ def serve(
         max_model_len=max_model_len, max_num_seqs=max_num_seqs, dtype=dtype,
         tensor_parallel_size=tensor_parallel_size, distributed_executor_backend=distributed_executor_backend,
         engine_process=engine_process,
+        optimization_level=optimization_level,
     )  # fmt: skip
     run_server(config, log_level=log_level)

@@ -15,6 +15,7 @@ from transformers import GenerationConfig
 from kvserve import distributed
 from kvserve.config import AUTO, EngineConfig
 from kvserve.engine import components
+from kvserve.engine.compilation import CompiledForward
 from kvserve.engine.model_runner import ModelRunner, StepLogits
 from kvserve.engine.output_processor import RequestState, SequenceState
 from kvserve.engine.profiling import profile_peak_memory
@@ -85,7 +86,10 @@ class LLMEngine:
         self.sampler = Sampler(config.model.seed)
         if self.model is not None:
             kv_caches = backend.allocate_kv_cache(num_blocks)
-            self.runner = ModelRunner(self.model, backend, kv_caches, self.kv_cache_manager, self.platform.device())
+            self.runner = ModelRunner(
+                self.model, backend, kv_caches, self.kv_cache_manager, self.platform.device(), self._compiled_forward(),
+                config.scheduler.max_num_batched_tokens, config.scheduler.max_num_seqs, self.max_model_len,
+            )  # fmt: skip
             self.executor = InProcessExecutor(self.runner)
         else:
             self.executor.kv_cache_manager = self.kv_cache_manager
@@ -96,14 +100,26 @@ class LLMEngine:
         self.stat_logger = StatLogger()
         self.dead_error: Exception | None = None
         """What stopped the engine (a failed step); None while it runs."""
+        self.backend_name = backend_name
         logger.info(
-            "kvserve engine: model=%s platform=%s dtype=%s (%s) attention_backend=%s linear_kernel=%s "
-            "scheduler=%s kv_cache_manager=%s block_size=%d num_kv_blocks=%d (%d tokens) max_model_len=%d",
+            "kvserve engine: model=%s platform=%s dtype=%s (%s) %s scheduler=%s "
+            "kv_cache_manager=%s block_size=%d num_kv_blocks=%d (%d tokens) max_model_len=%d",
             source.path, self.platform.name, str(self.dtype).removeprefix("torch."),
-            components.dtype_reason(config, self.platform), backend_name, self.linear_kernel,
+            components.dtype_reason(config, self.platform), self.execution_summary(),
             scheduler_cls.name, manager_cls.name, block_size, num_blocks - 1,
             (num_blocks - 1) * block_size, self.max_model_len,
         )  # fmt: skip
+
+    def execution_summary(self) -> str:
+        """How steps run: optimization level, eager or compiled (with compile seconds so far), the
+        attention backend and the kernels it runs, e.g. ``optimization_level=0 (eager)
+        attention_backend=cpu (decode: SDPA ...) linear_kernel=onednn (...)``."""
+        level = self.config.compilation.optimization_level
+        compiled = self.runner.compiled if self.runner is not None else None
+        how = compiled.describe() if compiled is not None else "eager" if level == 0 else "compiled on every rank"
+        kernels = self.runner.backend.kernels() if self.runner is not None else ""
+        backend = f"{self.backend_name} ({kernels})" if kernels else self.backend_name
+        return f"optimization_level={level} ({how}) attention_backend={backend} linear_kernel={self.linear_kernel}"
 
     # -- construction -------------------------------------------------------------------
     def _distributed_executor(self) -> Executor:
@@ -114,6 +130,15 @@ class LLMEngine:
         from kvserve.executor.multiproc import MultiprocExecutor
 
         return MultiprocExecutor(self.config, self.platform.distributed_backend)
+
+    def _compiled_forward(self) -> CompiledForward | None:
+        """The model's compiled forward at optimization levels 1 and 2; None at level 0 (eager)."""
+        compilation = self.config.compilation
+        if compilation.optimization_level == 0:
+            return None
+        freezing = compilation.optimization_level >= 2
+        max_tokens = self.config.scheduler.max_num_batched_tokens
+        return CompiledForward(self.model, max_tokens, freezing, compilation.compile_cache_dir)
 
     def _max_model_len(self) -> int:
         limit = getattr(self.hf_config, "max_position_embeddings", None)
@@ -168,7 +193,9 @@ class LLMEngine:
         for module in model.modules():
             if isinstance(module, LinearBase):
                 module.quant_method.process_weights_after_loading(module)
-        kernel = self.platform.linear_kernel()
+        # Compiled levels leave weights dense: inductor cannot trace a platform's packed weights as
+        # graph inputs, and under freezing (-O2) it packs them itself.
+        kernel = self.platform.linear_kernel() if self.config.compilation.optimization_level == 0 else None
         self.linear_kernel = "F.linear" if kernel is None else str(pack_linear_weights(model, kernel))
         """Which GEMM the dense linear layers run, for the start-up line."""
         return model.eval()

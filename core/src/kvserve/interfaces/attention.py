@@ -206,6 +206,14 @@ class AttentionBackend(ABC):
         devices of a versioned architecture, naming the device and ``spec.dtype``."""
         return None
 
+    def kernels(self) -> str:
+        """A short account of the kernels this instance runs for ``self.spec`` (for the engine's
+        start-up line and ``kvserve bench``), e.g. ``"decode: grouped matmul, prefill: SDPA"``.
+
+        Readers see it verbatim; it is not parsed. The default is empty (nothing to add to :attr:`name`).
+        """
+        return ""
+
     @abstractmethod
     def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
         """Shape of one layer's KV cache tensor (K and V of ``num_blocks`` blocks) in this backend's layout."""

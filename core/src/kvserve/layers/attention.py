@@ -4,8 +4,28 @@ from __future__ import annotations
 
 import torch
 
-from kvserve.forward_context import ForwardContext
+from kvserve.forward_context import ForwardContext, get_forward_context
 from kvserve.interfaces import LayerAttentionSpec
+
+
+@torch.library.custom_op("kvserve::paged_attention", mutates_args=())
+def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_idx: int) -> torch.Tensor:
+    """One layer's KV write and attention through the current forward context's backend, as one
+    opaque op: what a compiled model graph calls, so that the backend (host-side planning, paged
+    cache writes) stays outside the graph and the graph depends only on the number of tokens.
+
+    The cache write is a side effect the op does not declare: its output depends on it, and the
+    next layer's op depends on that output, so no compiler can reorder or drop it.
+    """
+    ctx = get_forward_context()
+    kv_cache = ctx.kv_caches[layer_idx]
+    ctx.backend.write_kv(kv_cache, k, v, ctx.metadata)
+    return ctx.backend.forward(q, kv_cache, ctx.metadata, layer_idx).contiguous()
+
+
+@paged_attention.register_fake
+def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_idx: int) -> torch.Tensor:
+    return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
 class PagedAttention(torch.nn.Module):
@@ -44,9 +64,12 @@ class PagedAttention(torch.nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """``q``: ``[T, heads, head_dim]``, ``k``/``v``: ``[T, kv_heads, head_dim]`` → ``[T, heads * head_dim]``."""
-        kv_cache = ctx.kv_caches[self.layer_idx]
-        ctx.backend.write_kv(kv_cache, k, v, ctx.metadata)
-        out = ctx.backend.forward(q, kv_cache, ctx.metadata, self.layer_idx)
+        if torch.compiler.is_compiling():  # the context is no graph input: the op reads it
+            out = torch.ops.kvserve.paged_attention(q, k, v, self.layer_idx)
+        else:
+            kv_cache = ctx.kv_caches[self.layer_idx]
+            ctx.backend.write_kv(kv_cache, k, v, ctx.metadata)
+            out = ctx.backend.forward(q, kv_cache, ctx.metadata, self.layer_idx)
         return out.reshape(q.shape[0], self.num_heads * self.head_dim)
 
 

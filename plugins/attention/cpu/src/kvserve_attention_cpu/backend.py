@@ -56,6 +56,10 @@ class CpuAttentionBackend(AttentionBackend):
             reasons.append(f"kv_cache_dtype {cache_dtype} not supported (K/V are stored in the model dtype)")
         return reasons
 
+    def kernels(self) -> str:
+        decode = "grouped matmul, float32 softmax" if self.spec.dtype == torch.bfloat16 else "SDPA"
+        return f"decode: {decode} over gathered blocks; prefill: SDPA per sequence"
+
     def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
         spec = self.spec
         return (2, num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)

@@ -1,0 +1,92 @@
+"""The model's forward under ``torch.compile`` (inductor), one graph per token-count bucket.
+
+A step's token count is padded up to the next bucket (powers of two up to the largest step), so
+a handful of graphs serve every step and none is recompiled mid-run. Attention stays outside the
+graphs as the opaque ``kvserve::paged_attention`` op (see :mod:`kvserve.layers.attention`):
+everything the graphs see depends on the token count only. Compiled code is cached on disk
+(inductor's FX graph and AOT autograd caches, under ``compile_cache_dir``), so a second start
+with the same model and settings loads instead of compiling.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kvserve.forward_context import ForwardContext, current_forward_context
+
+logger = logging.getLogger("kvserve")
+
+DEFAULT_CACHE_DIR = Path("~/.cache/kvserve/inductor")
+
+
+def token_buckets(max_tokens: int) -> tuple[int, ...]:
+    """Powers of two below ``max_tokens``, then ``max_tokens`` itself."""
+    buckets = [1]
+    while buckets[-1] * 2 < max_tokens:
+        buckets.append(buckets[-1] * 2)
+    return tuple(dict.fromkeys([*buckets, max_tokens]))
+
+
+class CompiledForward:
+    """``model.forward`` compiled per bucket of :func:`token_buckets` (``max_tokens``).
+
+    ``freezing``: inductor folds the weights into the graphs as constants and, on the CPU,
+    prepacks the linear layers' weights for oneDNN/MKL.
+    """
+
+    def __init__(self, model: torch.nn.Module, max_tokens: int, freezing: bool, cache_dir: str | None) -> None:
+        import torch._dynamo
+        import torch._inductor.config
+
+        # Inductor reads it at each compile, so setting it before the first one is enough.
+        if cache_dir is not None:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(cache_dir).expanduser())
+        else:
+            os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(DEFAULT_CACHE_DIR.expanduser()))
+        self.buckets = token_buckets(max_tokens)
+        # One graph per bucket: allow that many specializations of the one forward.
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, len(self.buckets) + 1)
+        self.freezing = freezing
+        self.cache_dir = os.environ["TORCHINDUCTOR_CACHE_DIR"]
+        self._compiled = torch.compile(model.forward, backend="inductor", fullgraph=True, dynamic=False)
+        self.compile_seconds: dict[int, float] = {}
+        """Bucket -> seconds its first call took (compiling, or loading from the cache)."""
+
+    def padded_tokens(self, num_tokens: int) -> int:
+        """The bucket a step of ``num_tokens`` runs in."""
+        for bucket in self.buckets:
+            if bucket >= num_tokens:
+                return bucket
+        raise ValueError(f"a step of {num_tokens} tokens exceeds the largest compiled size {self.buckets[-1]}")
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> Any:
+        """Hidden states of the (bucket-padded) tokens; the first call of a bucket compiles it."""
+        num_tokens = input_ids.shape[0]
+        first = num_tokens not in self.compile_seconds
+        start = time.perf_counter()
+        # Inductor reads ``freezing`` from its global config when it compiles (not from compile options).
+        settings = torch._inductor.config.patch(freezing=self.freezing) if first else nullcontext()
+        with settings, current_forward_context(ctx):
+            hidden = self._compiled(input_ids, positions, ctx)
+        if first:
+            self.compile_seconds[num_tokens] = seconds = time.perf_counter() - start
+            logger.info(
+                "kvserve compile: %d-token graph ready in %.1f s (cache %s)", num_tokens, seconds, self.cache_dir
+            )
+        return hidden
+
+    def describe(self) -> str:
+        """E.g. ``compiled: inductor, freezing, 12 token buckets 1..2048, 2 ready after 30.1 s``."""
+        freezing = ", freezing" if self.freezing else ""
+        ready = len(self.compile_seconds)
+        return (
+            f"compiled: inductor{freezing}, {len(self.buckets)} token buckets {self.buckets[0]}..{self.buckets[-1]}, "
+            f"{ready} ready after {sum(self.compile_seconds.values()):.1f} s"
+        )

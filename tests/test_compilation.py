@@ -1,0 +1,108 @@
+"""Optimization levels: bucket-padded steps into persistent buffers, the compiled forward's greedy
+tokens identical to HF transformers in fp32, and the start-up line / bench saying how steps ran."""
+
+import logging
+import time
+
+import pytest
+import torch
+import transformers
+from typer.testing import CliRunner
+
+from kvserve import LLM, SamplingParams
+from kvserve.cli import app, bench  # noqa: F401  (registers the commands)
+from kvserve.config import EngineConfig
+from kvserve.engine.compilation import token_buckets
+from kvserve.errors import ConfigError
+from kvserve.testing.hf_models import build_tiny_model
+
+PROMPTS = ["Paris is the capital of", "0123456789", "Paged attention stores keys and values"]
+NEW_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    # Two layers: compile time grows with the graph, and two already repeat the layer pattern.
+    return build_tiny_model("llama", tmp_path_factory.mktemp("compiled-llama"), num_hidden_layers=2)
+
+
+def hf_greedy_no_eos(path, prompt_ids):
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    outputs = []
+    for ids in prompt_ids:
+        with torch.no_grad():
+            out = model.generate(
+                torch.tensor([ids]), do_sample=False, max_new_tokens=NEW_TOKENS, eos_token_id=None, pad_token_id=0
+            )
+        outputs.append(out[0, len(ids) :].tolist())
+    return outputs
+
+
+def test_token_buckets_are_powers_of_two_up_to_the_step_budget():
+    assert token_buckets(48) == (1, 2, 4, 8, 16, 32, 48)
+    assert token_buckets(64) == (1, 2, 4, 8, 16, 32, 64)
+    assert token_buckets(1) == (1,)
+
+
+def test_optimization_level_is_validated():
+    assert EngineConfig.from_flat(optimization_level=2).compilation.optimization_level == 2
+    with pytest.raises(ConfigError, match="compilation.optimization_level"):
+        EngineConfig.from_flat(optimization_level=3)
+    with pytest.raises(ConfigError, match="optimization_level 1 .* tensor_parallel_size=2"):
+        EngineConfig.from_flat(optimization_level=1, tensor_parallel_size=2)
+
+
+def test_padded_step_lands_in_the_persistent_buffers(tiny_llama):
+    llm = LLM(str(tiny_llama), dtype="float32", optimization_level=1, max_num_batched_tokens=32, max_num_seqs=4)
+    engine, runner = llm.engine, llm.engine.runner
+    tokenizer = llm.get_tokenizer()
+    prompt_ids = [tokenizer.encode(p) for p in PROMPTS]
+    for i, ids in enumerate(prompt_ids):
+        engine.add_request(str(i), ids, SamplingParams(temperature=0, max_tokens=4))
+    plan = engine.scheduler.schedule()
+    input_ids, positions, batch = runner.prepare(plan)
+    real = sum(map(len, prompt_ids))
+    assert input_ids.shape[0] == positions.shape[0] == batch.slot_mapping.shape[0] == 32 > real
+    assert input_ids.device == runner.device
+    assert input_ids[:real].tolist() == [t for ids in prompt_ids for t in ids]
+    assert input_ids[real:].eq(0).all() and positions[real:].eq(0).all() and batch.slot_mapping[real:].eq(-1).all()
+    assert batch.query_start_loc_host[-1] == real and batch.block_tables.is_contiguous()
+    # The next step reuses the same storage instead of allocating.
+    pointers = (input_ids.data_ptr(), positions.data_ptr(), batch.slot_mapping.data_ptr())
+    again, again_pos, again_batch = runner.prepare(plan)
+    assert (again.data_ptr(), again_pos.data_ptr(), again_batch.slot_mapping.data_ptr()) == pointers
+
+
+def test_compiled_greedy_tokens_match_hf_in_fp32(tiny_llama, tmp_path, caplog):
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_llama)
+    prompt_ids = [tokenizer.encode(p) for p in PROMPTS]
+    expected = hf_greedy_no_eos(tiny_llama, prompt_ids)
+    start = time.perf_counter()
+    with caplog.at_level(logging.INFO, logger="kvserve"):
+        llm = LLM(
+            str(tiny_llama), dtype="float32", optimization_level=1, compile_cache_dir=str(tmp_path),
+            max_num_batched_tokens=32, max_num_seqs=4,
+        )  # fmt: skip
+        params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
+        outputs = llm.generate(prompt_ids, params, use_tqdm=False)
+    compiled = llm.engine.runner.compiled
+    print(f"compiled {sorted(compiled.compile_seconds)} in {time.perf_counter() - start:.1f} s (cold cache)")
+    assert [list(o.outputs[0].token_ids) for o in outputs] == expected
+    # One prefill step (padded to 32) and decode steps of 3 (padded to 4): two graphs, no more.
+    assert sorted(compiled.compile_seconds) == [4, 32]
+    assert "optimization_level=1 (compiled: inductor" in caplog.text
+    assert "kvserve compile: 32-token graph" in caplog.text
+    assert any(tmp_path.rglob("*.py")), "inductor wrote no cache under compile_cache_dir"
+
+
+def test_start_up_line_and_bench_name_level_and_kernels(tiny_llama, caplog):
+    with caplog.at_level(logging.INFO, logger="kvserve"):
+        LLM(str(tiny_llama), dtype="bfloat16", max_num_seqs=4)
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("kvserve engine:"))
+    assert "optimization_level=0 (eager) attention_backend=cpu (decode: grouped matmul" in line
+    model = ["--model", str(tiny_llama), "-O", "0", "--set", "max_num_seqs=4", "--set", "dtype=float32"]
+    sizes = ["--batch-size", "2", "--input-len", "4", "--output-len", "2", "--num-iters", "1"]
+    args = ["bench", "latency", *model, *sizes]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "dtype=float32 optimization_level=0 (eager) attention_backend=cpu (decode: SDPA" in result.output
