@@ -245,7 +245,7 @@ def main() -> None:
         for level in args.optimization_level or [None]:
             name, assignments = "kvserve", args.kvserve_set
             if level is not None:
-                name, assignments = f"kvserve-O{level}", [*assignments, f"compilation.optimization_level={level}"]
+                name, assignments = f"kvserve-O{level}", [*assignments, f"optimization_level={level}"]
             engines.append(Engine(name, "kvserve", sys.executable, checkout_env(None), assignments))
         for spec in args.variant:
             name, _, checkout = spec.partition("=")
