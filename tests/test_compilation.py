@@ -46,6 +46,8 @@ def test_token_buckets_are_powers_of_two_up_to_the_step_budget():
 
 def test_optimization_level_is_validated():
     assert EngineConfig.from_flat(optimization_level=2).compilation.optimization_level == 2
+    # `--set optimization_level=1` and KVSERVE_OPTIMIZATION_LEVEL arrive as strings
+    assert EngineConfig.from_flat(optimization_level="1").compilation.optimization_level == 1
     with pytest.raises(ConfigError, match="compilation.optimization_level"):
         EngineConfig.from_flat(optimization_level=3)
     with pytest.raises(ConfigError, match="optimization_level 1 .* tensor_parallel_size=2"):

@@ -62,8 +62,11 @@ class AttentionConfig(_Section):
 class CompilationConfig(_Section):
     """How the model's forward runs: eagerly, or compiled by ``torch.compile`` (inductor)."""
 
-    optimization_level: Literal[0, 1, 2] = Field(
+    # An int range, not Literal[0, 1, 2]: `--set optimization_level=1` and KVSERVE_* give strings.
+    optimization_level: int = Field(
         0,
+        ge=0,
+        le=2,
         description="0: eager (quick start); 1: torch.compile, one graph per token bucket; "
         "2: as 1 with inductor freezing (weights folded and prepacked for the CPU's GEMM libraries)",
     )
