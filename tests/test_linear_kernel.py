@@ -4,15 +4,12 @@ products, and says on its start-up line which kernel ran."""
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 import torch
 
 from kvserve import LLM
 from kvserve.layers import LinearBase, PackedLinearMethod, UnquantizedLinearMethod, pack_linear_weights
 from kvserve.loader import open_model
-from kvserve.logging_setup import configure_logging
 from kvserve.plugins import load_component
 from kvserve.testing.hf_models import build_tiny_model
 from kvserve_platform_cpu.onednn_linear import onednn_linear_kernel
@@ -40,21 +37,6 @@ def dense_model(path, dtype: torch.dtype) -> torch.nn.Module:
         torch.set_default_dtype(previous)
     model.load_weights(source.weights())
     return model.eval()
-
-
-@pytest.fixture
-def startup_lines():
-    configure_logging()
-    logger = logging.getLogger("kvserve")
-    lines: list[str] = []
-    handler = logging.Handler()
-    handler.emit = lambda record: lines.append(record.getMessage())
-    level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    yield lines
-    logger.removeHandler(handler)
-    logger.setLevel(level)
 
 
 def test_engine_packs_every_dense_layer_and_the_lm_head(model_path, startup_lines):

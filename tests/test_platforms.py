@@ -1,6 +1,5 @@
 """Platform choice end to end: the CUDA platform's reason on machines without it, the start-up line's dtype."""
 
-import logging
 import os
 import subprocess
 import sys
@@ -11,7 +10,6 @@ import torch
 from kvserve import LLM
 from kvserve.engine import components
 from kvserve.errors import ConfigError
-from kvserve.logging_setup import configure_logging
 from kvserve.testing.hf_models import build_tiny_model
 from kvserve_platform_cpu.platform import CpuPlatform
 
@@ -39,21 +37,6 @@ def test_plugins_listing_says_cuda_is_unavailable_and_why():
 def test_llm_on_cuda_fails_at_start_with_the_reason(model_path):
     with pytest.raises(ConfigError, match=f"^platform: no usable platform \\(cuda: {WHY}"):
         LLM(str(model_path), platform="cuda", max_model_len=64, num_kv_blocks=16)
-
-
-@pytest.fixture
-def startup_lines():
-    configure_logging()
-    logger = logging.getLogger("kvserve")
-    lines: list[str] = []
-    handler = logging.Handler()
-    handler.emit = lambda record: lines.append(record.getMessage())
-    level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    yield lines
-    logger.removeHandler(handler)
-    logger.setLevel(level)
 
 
 def test_startup_line_says_the_dtype_and_why(model_path, startup_lines):
