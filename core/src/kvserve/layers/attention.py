@@ -8,6 +8,16 @@ from kvserve.forward_context import ForwardContext, get_forward_context
 from kvserve.interfaces import LayerAttentionSpec
 
 
+def write_and_attend(
+    ctx: ForwardContext, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_idx: int
+) -> torch.Tensor:
+    """Write layer ``layer_idx``'s new ``k``/``v`` into its paged cache, then attend ``q`` over it
+    (the backend's ``write_kv`` and ``forward``); ``[T, heads, head_dim]``."""
+    kv_cache = ctx.kv_caches[layer_idx]
+    ctx.backend.write_kv(kv_cache, k, v, ctx.metadata)
+    return ctx.backend.forward(q, kv_cache, ctx.metadata, layer_idx)
+
+
 @torch.library.custom_op("kvserve::paged_attention", mutates_args=())
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_idx: int) -> torch.Tensor:
     """One layer's KV write and attention through the current forward context's backend, as one
@@ -17,10 +27,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_idx
     The cache write is a side effect the op does not declare: its output depends on it, and the
     next layer's op depends on that output, so no compiler can reorder or drop it.
     """
-    ctx = get_forward_context()
-    kv_cache = ctx.kv_caches[layer_idx]
-    ctx.backend.write_kv(kv_cache, k, v, ctx.metadata)
-    return ctx.backend.forward(q, kv_cache, ctx.metadata, layer_idx).contiguous()
+    return write_and_attend(get_forward_context(), q, k, v, layer_idx).contiguous()
 
 
 @paged_attention.register_fake
@@ -67,9 +74,7 @@ class PagedAttention(torch.nn.Module):
         if torch.compiler.is_compiling():  # the context is no graph input: the op reads it
             out = torch.ops.kvserve.paged_attention(q, k, v, self.layer_idx)
         else:
-            kv_cache = ctx.kv_caches[self.layer_idx]
-            ctx.backend.write_kv(kv_cache, k, v, ctx.metadata)
-            out = ctx.backend.forward(q, kv_cache, ctx.metadata, self.layer_idx)
+            out = write_and_attend(ctx, q, k, v, self.layer_idx)
         return out.reshape(q.shape[0], self.num_heads * self.head_dim)
 
 
