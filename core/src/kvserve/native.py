@@ -1,0 +1,97 @@
+"""C++ operators a plugin ships as source, built on first use and cached on disk.
+
+A plugin keeps its kernels as ``.cpp`` files that register ``torch.library`` operators
+(``TORCH_LIBRARY(namespace, m)``); :func:`load_operators` compiles them with torch's own JIT
+extension build (``torch.utils.cpp_extension.load``: the installed torch's headers and ABI, ninja,
+the system C++ compiler) into ``~/.cache/kvserve/torch_extensions/<python>-<torch>``. torch
+rebuilds only when a source changes, so only a machine's first start pays the compile (a few
+seconds). Building on the machine that runs it allows ``-march=native``: the kernels get the
+vector instructions this CPU has without a wheel per instruction set.
+
+Where no compiler or ninja is available the build fails with :class:`NativeBuildError`; a
+plugin then keeps its portable path and says why (see :func:`build_failure_reason`).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import sys
+from pathlib import Path
+
+from platformdirs import user_cache_dir
+
+
+class NativeBuildError(RuntimeError):
+    """A plugin's C++ operators could not be built or loaded; the message says why."""
+
+
+def cache_directory() -> Path:
+    """Where built operator libraries live: ``$KVSERVE_NATIVE_CACHE`` or the user cache, one folder
+    per Python, torch version and CPU instruction set (a library is only valid for the ABI it was
+    built against, and ``-march=native`` code only on CPUs with the same instructions)."""
+    import torch
+
+    root = os.environ.get("KVSERVE_NATIVE_CACHE") or Path(user_cache_dir("kvserve")) / "torch_extensions"
+    version = torch.__version__.replace("+", "_")
+    return Path(root) / f"py{sys.version_info.major}{sys.version_info.minor}-torch{version}-{_cpu_fingerprint()}"
+
+
+def _cpu_fingerprint() -> str:
+    """A short hash of the CPU's architecture and feature flags (Linux's ``/proc/cpuinfo``)."""
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        flags = ""
+    return hashlib.sha256(f"{platform.machine()} {flags}".encode()).hexdigest()[:12]
+
+
+def build_failure_reason() -> str | None:
+    """Why nothing can be built here (no C++ compiler, no ninja), judged without compiling; None if
+    a build can be tried."""
+    compiler = os.environ.get("CXX", "c++")
+    if shutil.which(compiler) is None:
+        return f"no C++ compiler ({compiler!r} is not on PATH; set CXX)"
+    from torch.utils.cpp_extension import is_ninja_available
+
+    if not is_ninja_available():
+        return "ninja is not installed (pip install ninja)"
+    return None
+
+
+@functools.cache
+def load_operators(name: str, sources: tuple[Path, ...], openmp: bool = True) -> None:
+    """Build (or reuse the cached build of) ``sources`` as the library ``name`` and load it into
+    this process, registering its ``torch.library`` operators under ``torch.ops``.
+
+    Compiled ``-O3 -march=native`` (and ``-fopenmp`` when ``openmp``; torch's ``at::parallel_for``
+    then runs on torch's intra-op thread pool). Loading twice in one process is a no-op.
+
+    Raises:
+        NativeBuildError: no compiler or ninja, or the compiler/loader failed (the message carries
+            the library name and the tool's last output lines).
+    """
+    reason = build_failure_reason()
+    if reason is not None:
+        raise NativeBuildError(f"cannot build {name}: {reason}")
+    from torch.utils.cpp_extension import load
+
+    build_dir = cache_directory() / name
+    build_dir.mkdir(parents=True, exist_ok=True)
+    flags = ["-O3", "-march=native", "-std=c++17", "-Wno-unused-parameter"] + (["-fopenmp"] if openmp else [])
+    try:
+        load(
+            name,
+            [str(s) for s in sources],
+            extra_cflags=flags,
+            extra_ldflags=["-fopenmp"] if openmp else [],
+            build_directory=str(build_dir),
+            is_python_module=False,
+            verbose=False,
+        )
+    except (RuntimeError, OSError, ImportError) as error:  # what torch's build raises for a failed compile or load
+        tail = "\n".join(str(error).strip().splitlines()[-8:])
+        raise NativeBuildError(f"cannot build {name} in {build_dir}: {tail}") from error

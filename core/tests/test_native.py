@@ -1,0 +1,56 @@
+"""kvserve.native: a plugin's C++ operators built with the real compiler, cached, and refused clearly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvserve.native import NativeBuildError, build_failure_reason, cache_directory, load_operators
+
+pytestmark = pytest.mark.skipif(build_failure_reason() is not None, reason=f"no native build: {build_failure_reason()}")
+
+SCALE_SOURCE = """
+#include <torch/library.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/Parallel.h>
+
+// x *= factor, in place, on torch's intra-op threads.
+void scale_(at::Tensor& x, double factor) {
+  TORCH_CHECK(x.is_contiguous() && x.scalar_type() == at::kFloat, "scale_: contiguous float32 only");
+  float* data = x.data_ptr<float>();
+  at::parallel_for(0, x.numel(), 4096, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) data[i] *= static_cast<float>(factor);
+  });
+}
+
+TORCH_LIBRARY(kvserve_native_test, m) { m.def("scale_(Tensor(a!) x, float factor) -> ()", &scale_); }
+"""
+
+
+def test_operators_build_load_and_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVSERVE_NATIVE_CACHE", str(tmp_path / "cache"))
+    source = tmp_path / "scale.cpp"
+    source.write_text(SCALE_SOURCE)
+    load_operators("kvserve_native_test", (source,))
+    x = torch.arange(10_000, dtype=torch.float32)
+    torch.ops.kvserve_native_test.scale_(x, 0.5)
+    assert torch.equal(x, torch.arange(10_000, dtype=torch.float32) * 0.5)
+    with pytest.raises(RuntimeError, match="contiguous float32 only"):  # the operator's own check reaches Python
+        torch.ops.kvserve_native_test.scale_(torch.ones(3, dtype=torch.float64), 2.0)
+    built = list(cache_directory().glob("kvserve_native_test/*.so"))
+    assert built and str(cache_directory()).startswith(str(tmp_path / "cache")), built
+
+
+def test_a_source_that_does_not_compile_names_the_library_and_the_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVSERVE_NATIVE_CACHE", str(tmp_path / "cache"))
+    source = tmp_path / "broken.cpp"
+    source.write_text("int main() { return undefined_symbol_here; }\n")
+    with pytest.raises(NativeBuildError, match="cannot build kvserve_native_broken"):
+        load_operators("kvserve_native_broken", (source,))
+
+
+def test_no_compiler_is_a_reason_not_a_crash(monkeypatch):
+    monkeypatch.setenv("CXX", "no-such-compiler-here")
+    assert "no C++ compiler" in build_failure_reason()
+    with pytest.raises(NativeBuildError, match="no-such-compiler-here"):
+        load_operators("kvserve_native_never_built", ())
