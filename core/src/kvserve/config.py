@@ -9,6 +9,7 @@ from pydantic import (
     ByteSize,
     ConfigDict,
     Field,
+    NonNegativeInt,
     PositiveFloat,
     PositiveInt,
     SecretStr,
@@ -53,6 +54,20 @@ class SchedulerConfig(_Section):
     )
     max_num_batched_tokens: PositiveInt = 2048
     enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: NonNegativeInt = Field(
+        0,
+        description="Most prompt tokens one request prefills in a step (0: no cap beyond max_num_batched_tokens); "
+        "a small cap keeps a long prompt's chunks from stalling the requests that decode meanwhile",
+    )
+
+    @model_validator(mode="after")
+    def _a_capped_prefill_is_chunked(self) -> SchedulerConfig:
+        if self.long_prefill_token_threshold and not self.enable_chunked_prefill:
+            raise ValueError(
+                f"long_prefill_token_threshold={self.long_prefill_token_threshold} splits prompts into chunks: "
+                "it needs enable_chunked_prefill"
+            )
+        return self
 
 
 class AttentionConfig(_Section):

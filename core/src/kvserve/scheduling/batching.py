@@ -1,4 +1,5 @@
-"""Continuous batching: token budget, max sequences, chunked prefill, recompute preemption.
+"""Continuous batching: token budget, max sequences, chunked prefill (with an optional per-request
+cap on a step's prefill chunk), recompute preemption.
 
 A scheduler plugin subclasses :class:`BatchingScheduler` and supplies only the policy:
 the order of the waiting queue, which running request to preempt, and whether a waiting
@@ -88,7 +89,7 @@ class BatchingScheduler(Scheduler):
         for request in list(self.running):
             if request.status is not RequestStatus.RUNNING or budget == 0:
                 continue  # preempted earlier in this loop, or no budget left
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            num_new = self._chunk(request.num_tokens - request.num_computed_tokens, budget)
             while not self.kv_cache.allocate_slots(request, num_new):
                 victim = self.preemption_victim(self.running)
                 budget += self._preempt(victim, output, scheduled)
@@ -127,7 +128,7 @@ class BatchingScheduler(Scheduler):
         """Allocate a waiting request's first chunk within ``budget``, reusing its cached prefix, or None."""
         cached = self.kv_cache.num_cached_tokens(request)
         remaining = request.num_tokens - cached
-        num_new = min(remaining, budget)
+        num_new = self._chunk(remaining, budget)
         if len(self.running) >= self.config.max_num_seqs or (
             num_new < remaining and not self.config.enable_chunked_prefill
         ):
@@ -137,6 +138,12 @@ class BatchingScheduler(Scheduler):
             request.num_computed_tokens = 0
             return None
         return ScheduledRequest(request, cached, num_new)
+
+    def _chunk(self, remaining: int, budget: int) -> int:
+        """Tokens to compute this step of a request with ``remaining`` uncomputed ones: what the
+        budget allows, and at most ``long_prefill_token_threshold`` when that is set."""
+        cap = self.config.long_prefill_token_threshold
+        return min(remaining, budget, cap) if cap else min(remaining, budget)
 
     def _victim_for(self, request: Request) -> Request | None:
         """The running request that waiting ``request`` may preempt, per policy, if any."""

@@ -53,6 +53,7 @@ class Workload:
     enable_chunked_prefill: bool
     enable_prefix_caching: bool
     usable_blocks: int
+    long_prefill_token_threshold: int = 0
     block_size: int = 4
     max_model_len: int = 48
     vocab: int = 32
@@ -121,7 +122,8 @@ class RunResult:
 class SchedulerDriver:
     """Runs ``scheduler`` over a workload the way ``LLMEngine.step`` does and checks, at every step:
 
-    - the plan stays within ``max_num_batched_tokens`` and ``max_num_seqs``, schedules each
+    - the plan stays within ``max_num_batched_tokens``, ``max_num_seqs`` and (per request)
+      ``long_prefill_token_threshold``, schedules each
       request at most once, with at least one token, contiguous with what it has computed,
       and with KV blocks allocated for every scheduled token; without chunked prefill, every
       chunk reaches the end of its sequence;
@@ -327,6 +329,9 @@ class SchedulerDriver:
                 self.result.admissions.append(rid)
             if not self.config.enable_chunked_prefill and not item.completes_sequence:
                 self._fail(f"{rid}: a partial chunk ({item.num_tokens} tokens) although chunked prefill is off")
+            cap = self.config.long_prefill_token_threshold
+            if cap and item.num_tokens > cap:
+                self._fail(f"{rid}: a chunk of {item.num_tokens} tokens, over long_prefill_token_threshold={cap}")
             blocks = self.kv.block_table(rid)
             if len(blocks) * self.kv.block_size < item.start + item.num_tokens:
                 self._fail(

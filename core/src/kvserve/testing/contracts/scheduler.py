@@ -77,6 +77,7 @@ class SchedulerContract(ComponentContract):
             max_num_seqs=workload.max_num_seqs,
             max_num_batched_tokens=workload.max_num_batched_tokens,
             enable_chunked_prefill=workload.enable_chunked_prefill,
+            long_prefill_token_threshold=workload.long_prefill_token_threshold,
         )
         return component(config, manager, workload.max_model_len)
 
@@ -173,6 +174,25 @@ class SchedulerContract(ComponentContract):
                 chunks += [item.num_tokens for item in plan.scheduled]
         assert sum(chunks[:-1]) == 30 and all(n <= 8 for n in chunks), f"prompt chunks {chunks} (budget 8)"
         assert request.status is RequestStatus.FINISHED_LENGTH and len(request.output_token_ids) == 2
+
+    def test_long_prefill_threshold_caps_each_chunk_not_the_step(self, component):
+        """``long_prefill_token_threshold`` caps each request's chunk per step, while the step's
+        budget still takes several requests' chunks; decodes are unaffected."""
+        workload = random_workload(0, tiny_cache=False, aborts=0).with_(
+            max_num_batched_tokens=32, max_num_seqs=4, long_prefill_token_threshold=5
+        )
+        scheduler = self.make_scheduler(component, workload)
+        driver = SchedulerDriver(scheduler, vocab=workload.vocab)
+        params = SamplingParams(max_tokens=3, ignore_eos=True)
+        for i in range(3):
+            driver.add(Arrival(0, f"long{i}", [3 + i] * 12, params))
+        plans = []
+        with reported_as(f"scheduler {self.scheduler!r}"):
+            while scheduler.has_unfinished():
+                plans.append(driver.step())  # the driver fails any chunk over the cap
+        first = sorted(item.num_tokens for item in plans[0].scheduled)
+        assert first == [5, 5, 5], f"first step's chunks {first}: three prompts, each capped at 5"
+        assert all(len(r.output_token_ids) == 3 for r in driver.result.requests.values())
 
     def test_without_chunked_prefill_a_prompt_runs_whole(self, component):
         """Without chunked prefill, each prompt is computed in one chunk within the budget."""
