@@ -7,14 +7,17 @@ the step is recorded (a wrapper around ``scheduler.schedule``) to tell decode-on
 steps that also carry a prefill chunk. Reported over the steps that decode: median, p99, max,
 p99/median; and the cost of a prefill token, from which the chunk size that keeps a mixed step
 under 2x a decode-only one follows. ``--budget`` (repeatable) runs once per
-``max_num_batched_tokens`` (the chunk budget); ``--kvserve-set FIELD=VALUE`` adds config.
+``max_num_batched_tokens`` (the chunk budget) and ``--threshold`` (repeatable) once per
+``long_prefill_token_threshold`` (a per-request cap on a step's chunk); ``--kvserve-set
+FIELD=VALUE`` adds config.
 
-    python benchmarks/long_prefill_steps.py --budget 2048 --budget 256   # embedded SmolLM2 (8k context)
+    python benchmarks/long_prefill_steps.py --budget 2048 --threshold 0 --threshold 64   # embedded SmolLM2
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import random
 import statistics
 import time
@@ -59,24 +62,26 @@ def timed_steps(llm: LLM, args: argparse.Namespace) -> list[tuple[float, int, in
     return steps
 
 
-def report(budget: int, steps: list[tuple[float, int, int]]) -> None:
+def report(label: str, steps: list[tuple[float, int, int]]) -> None:
     decoding = [s for s in steps if s[1] > 0]
     times = [s[0] * 1000 for s in decoding]
     mixed = [s for s in decoding if s[2] > 0]
     pure = [s[0] * 1000 for s in decoding if s[2] == 0]
     median, p99 = statistics.median(times), percentile(times, 99)
     print(
-        f"budget {budget:>5}: {len(decoding)} decoding steps, median {median:.1f} ms, p99 {p99:.1f} ms, "
+        f"{label}: {len(decoding)} decoding steps, median {median:.1f} ms, p99 {p99:.1f} ms, "
         f"max {max(times):.1f} ms, p99/median {p99 / median:.2f}x"
     )
     if mixed and pure:
         mixed_ms = statistics.median(s[0] * 1000 for s in mixed)
         chunk = statistics.median(s[2] for s in mixed)
-        per_token = max(mixed_ms - statistics.median(pure), 1e-6) / chunk
+        pure_median = statistics.median(pure)
+        per_token = max(mixed_ms - pure_median, 1e-6) / chunk
         print(
             f"  {len(mixed)} steps carry a prefill chunk (median {chunk:.0f} tokens, {mixed_ms:.1f} ms) vs "
-            f"{len(pure)} decode-only (median {statistics.median(pure):.1f} ms): {per_token:.3f} ms per prefill "
-            f"token, so a chunk of <= {statistics.median(pure) / per_token:.0f} tokens keeps a mixed step under 2x"
+            f"{len(pure)} decode-only (median {pure_median:.1f} ms): p99 / decode-only median "
+            f"{p99 / pure_median:.2f}x; {per_token:.3f} ms per prefill token, so a chunk of "
+            f"<= {pure_median / per_token:.0f} tokens keeps a mixed step under 2x a decode-only one"
         )
 
 
@@ -91,14 +96,22 @@ def main() -> None:
     parser.add_argument("--long-len", type=int, default=3000)
     parser.add_argument("--arrive-after", type=int, default=16, help="decode steps before the long prompts arrive")
     parser.add_argument("--budget", type=int, action="append", help="max_num_batched_tokens; repeatable")
+    parser.add_argument(
+        "--threshold", type=int, action="append", help="long_prefill_token_threshold (0: none); repeatable"
+    )
     parser.add_argument("--kvserve-set", action="append", default=[], metavar="FIELD=VALUE")
     args = parser.parse_args()
 
-    for budget in args.budget or [2048]:
-        fields = {"dtype": args.dtype, "max_model_len": 4096, "max_num_batched_tokens": budget}
+    for budget, threshold in itertools.product(args.budget or [2048], args.threshold or [0]):
+        fields = {
+            "dtype": args.dtype,
+            "max_model_len": 4096,
+            "max_num_batched_tokens": budget,
+            "long_prefill_token_threshold": threshold,
+        }
         llm = LLM(args.model, **config_fields(None, {**fields, **parse_assignments(args.kvserve_set)}))
         llm.generate([[1] * 16] * 2, SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)  # warm-up
-        report(budget, timed_steps(llm, args))
+        report(f"budget {budget:>5} threshold {threshold:>4}", timed_steps(llm, args))
         llm.engine.shutdown()
 
 
