@@ -199,3 +199,21 @@ def test_every_filter_holds_for_its_rows_in_one_mixed_batch():
     for k, (params, support) in enumerate(kinds):
         drawn = set(tokens[k :: len(kinds)])
         assert drawn == support if support is not None else {0, 1, 2, 3} <= drawn, params
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"logit_bias": {4: 100.0}},
+        {"min_tokens": 3, "stop_token_ids": [9]},
+        {"allowed_token_ids": [2, 4]},
+        {"repetition_penalty": 1.5},
+        {},
+    ],
+    ids=["bias", "min-tokens-ban", "allowed", "penalty", "plain-greedy"],
+)
+def test_the_callers_logits_are_left_as_given(params):
+    logits = torch.randn(2, VOCAB)
+    before = logits.clone()
+    Sampler(0)(logits, [request("a", output=(1,), **params), request("b")])
+    assert torch.equal(logits, before)

@@ -51,7 +51,9 @@ class Sampler:
         raw_logprobs = None
         if any(r.sampling_params.logprobs is not None for r in requests):
             raw_logprobs = logits.log_softmax(dim=-1)  # reported logprobs are the model's, before processing
-        logits, errors = self._process(logits.clone(), requests)
+        if any(_changes_logits(r) for r in requests):
+            logits = logits.clone()  # processed in place below: the caller's tensor stays as given
+        logits, errors = self._process(logits, requests)
         tokens = logits.argmax(dim=-1)
         sampled = [i for i, r in enumerate(requests) if not r.sampling_params.greedy and i not in errors]
         if sampled:
@@ -166,6 +168,18 @@ def _min_p_drop(values: torch.Tensor, best: torch.Tensor, requests: list[Request
         return torch.zeros_like(values, dtype=torch.bool)
     log_min_p = torch.tensor([math.log(m) if m > 0.0 else -math.inf for m in min_p], device=values.device)
     return values < best + log_min_p.unsqueeze(1)
+
+
+def _changes_logits(request: Request) -> bool:
+    """Whether :meth:`Sampler._process` alters ``request``'s row (most greedy rows: no)."""
+    params = request.sampling_params
+    return bool(
+        params.logits_processors
+        or params.allowed_token_ids is not None
+        or params.logit_bias
+        or params.uses_penalties
+        or _banned_tokens(request)
+    )
 
 
 def _process_row(logits: torch.Tensor, row: int, request: Request) -> None:
