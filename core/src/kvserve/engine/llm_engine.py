@@ -344,7 +344,9 @@ class LLMEngine:
             self._mark_scheduled(plan)
             step = self.executor.execute(plan)
             owners, rows = self._sampling_rows(plan, step)
-            sampled = self.sampler(step.logits[rows], owners)
+            # Rows in order (no followers): a view, not a copy of [rows, vocab] logits per step.
+            logits = step.logits[: len(rows)] if rows == list(range(len(rows))) else step.logits[rows]
+            sampled = self.sampler(logits, owners)
             changed = self._update(plan, step, owners, sampled)
             self._record_step(plan, len(owners))
             return self._outputs(changed)
