@@ -212,3 +212,26 @@ def test_stop_token_text_is_left_out_unless_asked_for(llm):
     forced = SamplingParams(temperature=0, max_tokens=8, skip_special_tokens=False, logit_bias={eos: 100.0})
     completion = llm.generate(PROMPT, forced, use_tqdm=False)[0].outputs[0]
     assert completion.token_ids == [eos] and completion.text == "" and completion.finish_reason == "stop"
+
+
+def test_a_request_failing_in_the_prefill_step_it_shares_blocks_in_leaves_the_others_running(model_dir):
+    # The prompts share two full blocks, computed by the first request in the very step that
+    # admits the others; its processor fails in that step. That used to kill the engine (the
+    # failure freed blocks the cache still counted as pending for this step).
+    llm = LLM(str(model_dir), max_model_len=128, num_kv_blocks=96, block_size=16)
+    prefix = list(range(3, 35))  # two full blocks
+    prompts = [prefix + [40 + i, 50 + i] for i in range(3)]
+
+    def fails_at_once(output_ids, row):
+        raise RuntimeError("processor bug")
+
+    good = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    reference = [o.outputs[0].token_ids for o in llm.generate(prompts[1:], good, use_tqdm=False)]
+    llm.reset_prefix_cache()
+    bad = SamplingParams(max_tokens=8, ignore_eos=True, logits_processors=[fails_at_once], n=2)  # and a follower
+    outputs = llm.generate(prompts, [bad, good, good], use_tqdm=False)
+    assert "RuntimeError: processor bug" in outputs[0].error
+    assert [c.token_ids for c in outputs[0].outputs] == [[], []]
+    assert [o.outputs[0].token_ids for o in outputs[1:]] == reference
+    assert all_blocks_free(llm)
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts[1:], good, use_tqdm=False)] == reference

@@ -372,11 +372,23 @@ class LLMEngine:
                 rows.append(row)
         return owners, rows
 
+    def _state_id(self, request: Request) -> str | None:
+        """The id of the request (all its sequences) that ``request`` is a sequence of, if live."""
+        entry = self.sequences.get(request.request_id)
+        return None if entry is None else entry[0].request_id
+
     def _update(
         self, plan: SchedulerOutput, step: StepLogits, owners: list[Request], sampled: SamplerOutput
     ) -> dict[str, RequestState]:
         """Book the sampled tokens: failed requests first, then forks, the scheduler, the outputs."""
         changed: dict[str, RequestState] = {}
+        failing = {self._state_id(owners[row]) for row in sampled.errors} - {None}
+        for item in plan.scheduled:
+            # The forward ran: a failing request's chunk holds its KV, which a request admitted in
+            # this step may already share (a common prefix). Counted as computed, its blocks are
+            # freed as cached ones, not as blocks of a step that never ran.
+            if failing and self._state_id(item.request) in failing:
+                item.request.num_computed_tokens += item.num_tokens
         for row, error in sampled.errors.items():
             entry = self.sequences.get(owners[row].request_id)
             if entry is not None:  # else another of its sequences failed it already
