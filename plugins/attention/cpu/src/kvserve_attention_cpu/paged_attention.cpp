@@ -29,7 +29,7 @@
 #include <type_traits>
 #include <vector>
 
-#if defined(__F16C__)
+#if defined(__F16C__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
@@ -93,6 +93,23 @@ inline float soft_capped(float x, float cap) {
   return std::copysign(cap * (1.f - 2.f / (e + 1.f)), x);
 }
 
+// q · k of two bfloat16 rows of HEAD_DIM (a multiple of 32) in float32, without converting them:
+// AVX512-BF16's vdpbf16ps multiplies bf16 pairs exactly in float32 and accumulates.
+#if defined(__AVX512BF16__)
+constexpr bool kHaveBf16Dot = true;
+template <int HEAD_DIM>
+inline float dot_bf16(const c10::BFloat16* q, const c10::BFloat16* k) {
+  __m512 acc = _mm512_setzero_ps();
+  for (int d = 0; d < HEAD_DIM; d += 32)
+    acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(q + d), (__m512bh)_mm512_loadu_si512(k + d));
+  return _mm512_reduce_add_ps(acc);
+}
+#else
+constexpr bool kHaveBf16Dot = false;
+template <int HEAD_DIM>
+inline float dot_bf16(const c10::BFloat16*, const c10::BFloat16*) { return 0.f; }  // never called
+#endif
+
 // ---- one unit of work ----
 
 struct Item {
@@ -129,6 +146,8 @@ template <typename T, int HEAD_DIM>
 void run_item(const Problem& p, const Item& item, const T* query, const T* kv, T* out, float* partials,
               Scratch& s) {
   const int64_t D = HEAD_DIM ? HEAD_DIM : p.head_dim, G = p.group;
+  constexpr bool kDotsInInputDtype =
+      kHaveBf16Dot && std::is_same_v<T, c10::BFloat16> && HEAD_DIM % 32 == 0 && HEAD_DIM > 0;
   const int32_t* table = p.block_tables + item.seq * p.max_blocks;
   const int64_t seq_len = p.seq_lens[item.seq];
   const int64_t q_start = p.query_start[item.seq];
@@ -166,13 +185,19 @@ void run_item(const Problem& p, const Item& item, const T* query, const T* kv, T
       const int64_t stop = std::min(hi, j + (p.block_size - off));
       const T* k = kv + block * p.kv_stride_block + off * p.kv_stride_token + item.kv_head * D;
       for (; j < stop; ++j, k += p.kv_stride_token) {
-        const float* kf = as_float(k, row, D);
-        for (int64_t g = 0; g < G; ++g) {
-          const float* qg = s.q.data() + g * D;
-          float dot = 0.f;
+        if constexpr (kDotsInInputDtype) {  // unscaled bf16 queries; the scale goes on the score
+          for (int64_t g = 0; g < G; ++g)
+            sc[g * n + (j - lo)] = p.scale * dot_bf16<HEAD_DIM>(reinterpret_cast<const c10::BFloat16*>(q_row + g * p.q_stride_head),
+                                                               reinterpret_cast<const c10::BFloat16*>(k));
+        } else {
+          const float* kf = as_float(k, row, D);  // converted once for the whole group
+          for (int64_t g = 0; g < G; ++g) {
+            const float* qg = s.q.data() + g * D;
+            float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
-          for (int64_t d = 0; d < D; ++d) dot += qg[d] * kf[d];
-          sc[g * n + (j - lo)] = dot;
+            for (int64_t d = 0; d < D; ++d) dot += qg[d] * kf[d];
+            sc[g * n + (j - lo)] = dot;
+          }
         }
       }
     }
