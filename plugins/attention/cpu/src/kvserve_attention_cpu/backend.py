@@ -50,7 +50,7 @@ class CpuAttentionBackend(TorchPagedBackend):
             batch.block_tables.contiguous(),
             batch.seq_lens.contiguous(),
             batch.query_start_loc.contiguous(),
-            torch.tensor(kernel, dtype=torch.int32) if kernel else None,
+            torch.tensor(kernel, dtype=torch.int32, device=self.spec.device) if kernel else None,
             sdpa,
             self._prefill_masks(batch, sdpa),
             write_index(batch),
