@@ -27,6 +27,7 @@ class CausalOffByOne(CpuAttentionBackend):
     """Prefill queries also see the next token (``<=`` against ``position + 1``)."""
 
     name = "cpu_causal_off_by_one"
+    native = False  # the bug is in the PyTorch path, which the C++ kernel would bypass
 
     def _prefill_mask(self, seq_len: int, q_len: int, layer) -> torch.Tensor:
         query_pos = torch.arange(seq_len - q_len, seq_len)[:, None]
@@ -37,6 +38,7 @@ class WindowOffByOne(CpuAttentionBackend):
     """A sliding window of ``sliding_window + 1`` keys (``>=`` where ``>`` belongs), in prefills and decodes."""
 
     name = "cpu_window_off_by_one"
+    native = False  # the bug is in the PyTorch path, which the C++ kernel would bypass
 
     @staticmethod
     def _visible(query_pos: torch.Tensor, key_pos: torch.Tensor, window: int | None) -> torch.Tensor:
@@ -50,6 +52,7 @@ class GqaTiledHeads(CpuAttentionBackend):
     """Expands KV heads by tiling (query head h reads KV head h % num_kv_heads) instead of grouping."""
 
     name = "cpu_gqa_tiled"
+    native = False  # the bug is in the PyTorch path, which the C++ kernel would bypass
 
     def _gather(self, kv_cache, batch, seqs, length):
         return self._tile(*super()._gather(kv_cache, batch, seqs, length))

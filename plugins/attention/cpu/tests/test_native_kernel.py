@@ -1,0 +1,112 @@
+"""The C++ paged attention operator against the float64 reference: dtypes, GQA/MQA, sliding
+windows, soft-caps, block-boundary lengths, mixed batches and long decodes split across threads."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from kvserve.interfaces import LayerAttentionSpec
+from kvserve.testing.attention_reference import (
+    filled_cache,
+    layer_reference_attention,
+    make_paged_case,
+    random_paged_case,
+)
+from kvserve_attention_cpu import native_kernel
+
+TOLERANCES = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
+DTYPES = list(TOLERANCES)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernel():
+    reason = native_kernel.unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"the C++ kernel cannot be built here: {reason}")
+
+
+def in_dtype(case, dtype):
+    """``case`` with every tensor rounded to ``dtype`` (the reference then sees the same inputs)."""
+    cast = {f: getattr(case, f).to(dtype) for f in ("query", "key", "value")}
+    cast |= {f: [t.to(dtype) for t in getattr(case, f)] for f in ("past_keys", "past_values")}
+    return dataclasses.replace(case, **cast)
+
+
+def run_kernel(case, layer: LayerAttentionSpec, dtype, seqs=None) -> torch.Tensor:
+    """The operator's output for sequences ``seqs`` (default all) of ``case``; other rows hold NaN."""
+    cache = filled_cache(case, 0).to(dtype)
+    batch = case.batch
+    out = torch.full_like(case.query, float("nan"))
+    ids = torch.tensor(range(batch.num_seqs) if seqs is None else seqs, dtype=torch.int32)
+    torch.ops.kvserve_attention_cpu.paged_attention_out(
+        out, case.query, cache, batch.block_tables, batch.seq_lens, batch.query_start_loc, ids,
+        layer.scale, layer.sliding_window or 0, layer.logits_soft_cap or 0.0,
+    )  # fmt: skip
+    return out
+
+
+def check(case, layer, dtype, out, rows=None):
+    expected = layer_reference_attention(case, layer)
+    rows = slice(None) if rows is None else rows
+    tol = TOLERANCES[dtype]
+    torch.testing.assert_close(out.double()[rows], expected[rows], atol=tol, rtol=tol)
+
+
+SHAPES = dict(max_seqs=6, short_context=20, long_context=(40, 300), max_query=40)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("decode_only", [False, True], ids=["mixed", "decode"])
+@pytest.mark.parametrize("seed", range(6))
+def test_random_batches_match_reference(seed, decode_only, dtype):
+    """Random block sizes, head layouts (MHA, GQA, MQA), scales, windows and soft-caps."""
+    case, layer = random_paged_case(seed, decode_only, block_sizes=(16, 5, 1), windows=(None, 1, 7, 64), **SHAPES)
+    case = in_dtype(case, dtype)
+    check(case, layer, dtype, run_kernel(case, layer, dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("head_dim", [64, 128, 40])
+def test_block_boundary_lengths(dtype, head_dim):
+    """Sequences ending one before, on and one after a block boundary; decodes and prefill chunks;
+    head sizes with and without a compiled-in loop (40)."""
+    bs = 16
+    seqs = [(bs - 1, 1), (bs, 1), (bs + 1, 1), (2 * bs - 2, 1), (0, bs), (0, bs + 1), (bs - 1, bs + 2), (3 * bs, 17)]
+    case = in_dtype(make_paged_case(seqs, 9, 3, head_dim, bs, seed=head_dim), dtype)
+    for layer in (LayerAttentionSpec(head_dim**-0.5), LayerAttentionSpec(0.3, sliding_window=bs, logits_soft_cap=5.0)):
+        check(case, layer, dtype, run_kernel(case, layer, dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("window", [None, 300, 1000])
+def test_long_decodes_split_into_key_slices(dtype, window):
+    """One or two long decodes on two threads are split into key slices and merged; windows that
+    start inside a slice; contexts that end mid-block."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for seqs in ([(2999, 1)], [(1500, 1), (777, 1)]):
+            case = in_dtype(make_paged_case(seqs, 8, 1, 64, 16, seed=len(seqs)), dtype)
+            layer = LayerAttentionSpec(0.125, sliding_window=window, logits_soft_cap=20.0 if window else None)
+            check(case, layer, dtype, run_kernel(case, layer, dtype))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_only_the_named_sequences_are_written():
+    case = make_paged_case([(5, 1), (0, 7), (30, 1)], 4, 2, 64, 16, seed=3)
+    layer = LayerAttentionSpec(0.125)
+    out = run_kernel(case, layer, torch.float32, seqs=[0, 2])
+    check(case, layer, torch.float32, out, rows=[0, 8])
+    assert out[1:8].isnan().all()
+
+
+def test_rejects_a_table_too_short_for_its_sequence():
+    case = make_paged_case([(40, 1)], 4, 2, 64, 16, seed=0)
+    batch = case.batch
+    with pytest.raises(RuntimeError, match="does not fit its query or block table"):
+        torch.ops.kvserve_attention_cpu.paged_attention_out(
+            torch.empty_like(case.query), case.query, filled_cache(case, 0), batch.block_tables[:, :2],
+            batch.seq_lens, batch.query_start_loc, torch.tensor([0], dtype=torch.int32), 0.125, 0, 0.0,
+        )  # fmt: skip
