@@ -25,7 +25,14 @@ from kvserve.engine.validation import check_request
 from kvserve.errors import ConfigError, EngineDeadError
 from kvserve.executor import Executor, InProcessExecutor
 from kvserve.interfaces import AttentionBackend, LayerAttentionSpec, QuantizationMethod, SchedulerOutput
-from kvserve.layers import LinearBase, UnquantizedLinearMethod, attention_layers, pack_linear_weights
+from kvserve.layers import (
+    LinearBase,
+    TorchLayerOps,
+    UnquantizedLinearMethod,
+    attention_layers,
+    pack_linear_weights,
+    use_layer_ops,
+)
 from kvserve.logging_setup import configure_logging
 from kvserve.outputs import RequestOutput, TokenLogprobs
 from kvserve.plugins import load_component
@@ -67,7 +74,7 @@ class LLMEngine:
         if config.parallel.tensor_parallel_size > 1 and not distributed.is_worker():
             # The driver: workers hold the model shards and their KV caches; it plans and samples.
             self.model = self.runner = None
-            self.linear_kernel = "chosen by each worker"
+            self.linear_kernel = self.layer_ops = "chosen by each worker"
             self.executor = self._distributed_executor()
             num_blocks, block_size = self.executor.info.num_kv_blocks, self.executor.info.block_size
             backend_name = f"{self.executor.info.attention_backend} x{config.parallel.tensor_parallel_size} ranks"
@@ -113,13 +120,16 @@ class LLMEngine:
     def execution_summary(self) -> str:
         """How steps run: optimization level, eager or compiled (with compile seconds so far), the
         attention backend and the kernels it runs, e.g. ``optimization_level=0 (eager)
-        attention_backend=cpu (decode: SDPA ...) linear_kernel=onednn (...)``."""
+        attention_backend=cpu (decode: SDPA ...) linear_kernel=onednn (...) layer_ops=cpu-native``."""
         level = self.config.compilation.optimization_level
         compiled = self.runner.compiled if self.runner is not None else None
         how = compiled.describe() if compiled is not None else "eager" if level == 0 else "compiled on every rank"
         kernels = self.runner.backend.kernels() if self.runner is not None else ""
         backend = f"{self.backend_name} ({kernels})" if kernels else self.backend_name
-        return f"optimization_level={level} ({how}) attention_backend={backend} linear_kernel={self.linear_kernel}"
+        return (
+            f"optimization_level={level} ({how}) attention_backend={backend} linear_kernel={self.linear_kernel} "
+            f"layer_ops={self.layer_ops}"
+        )
 
     # -- construction -------------------------------------------------------------------
     def _distributed_executor(self) -> Executor:
@@ -198,7 +208,20 @@ class LLMEngine:
         kernel = self.platform.linear_kernel() if self.config.compilation.optimization_level == 0 else None
         self.linear_kernel = "F.linear" if kernel is None else str(pack_linear_weights(model, kernel))
         """Which GEMM the dense linear layers run, for the start-up line."""
+        self.layer_ops = self._use_layer_ops(model)
+        """Which norm/activation/rope kernels the layers run, for the start-up line."""
         return model.eval()
+
+    def _use_layer_ops(self, model: torch.nn.Module) -> str:
+        """Give the model's norm, activation and rope layers the platform's fused ops at level 0;
+        compiled levels keep core's PyTorch ops, which inductor fuses (it cannot see into opaque
+        kernels). Returns what the start-up line says."""
+        if self.config.compilation.optimization_level > 0:
+            ops = TorchLayerOps(reason="inductor fuses them")
+        else:
+            ops = self.platform.layer_ops() or TorchLayerOps()
+        use_layer_ops(model, ops)
+        return ops.describe()
 
     def _attention_shape(self) -> tuple[int, int, int]:
         """``(num_heads, num_kv_heads, head_dim)`` from the model's ``attention_shape()``."""

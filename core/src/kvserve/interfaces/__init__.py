@@ -2,6 +2,7 @@
 
 from kvserve.interfaces.attention import AttentionBackend, AttentionBatch, AttentionSpec, LayerAttentionSpec
 from kvserve.interfaces.kv_cache import KVCacheManager, KVCacheStats
+from kvserve.interfaces.layer_ops import LayerOps
 from kvserve.interfaces.linear_kernel import LinearKernel
 from kvserve.interfaces.model import Model
 from kvserve.interfaces.platform import DeviceCapability, Platform
@@ -16,6 +17,7 @@ __all__ = [
     "KVCacheManager",
     "KVCacheStats",
     "LayerAttentionSpec",
+    "LayerOps",
     "LinearKernel",
     "Model",
     "ParamLoading",

@@ -17,9 +17,10 @@ class Model(Protocol):
     """A ``torch.nn.Module`` registered under an HF ``architectures`` name.
 
     Build it with core layers (``kvserve.layers``): ``ColumnLinear`` / ``RowLinear`` /
-    ``MergedColumnLinear`` (never slicing fused shards itself), ``RMSNorm``, ``RotaryEmbedding``
-    and ``PagedAttention``, which calls the engine's attention backend; ``load_checkpoint``
-    loads the weight stream into them.
+    ``MergedColumnLinear`` (never slicing fused shards itself), ``RMSNorm`` (which takes the
+    residual, ``hidden, residual = norm(hidden, residual)``, so a platform fuses the add),
+    ``RotaryEmbedding``, ``SiluAndMul`` and ``PagedAttention``, which calls the engine's attention
+    backend; ``load_checkpoint`` loads the weight stream into them.
     The engine constructs it on the target device with the default dtype already set.
 
     Tensor parallelism: a model class with ``supports_tensor_parallel = True`` is built on each

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, ClassVar
 if TYPE_CHECKING:
     import torch
 
+    from kvserve.interfaces.layer_ops import LayerOps
     from kvserve.interfaces.linear_kernel import LinearKernel
 
 
@@ -125,5 +126,16 @@ class Platform(ABC):
         layer runs ``torch.nn.functional.linear`` on its dense weight.
 
         Called once per engine; import the kernel's library here, not at module import.
+        """
+        return None
+
+    def layer_ops(self) -> LayerOps | None:
+        """The platform's fused RMSNorm, SiLU-and-mul and rotary kernels for eager steps (see
+        :class:`LayerOps`); ``None`` (the default): core's PyTorch ops (``kvserve.layers.TorchLayerOps``).
+        A platform whose kernels are unavailable here returns ``TorchLayerOps(reason=...)`` so the
+        start-up line says why.
+
+        Called once per engine, at optimization level 0 only (compiled levels fuse these ops
+        themselves); build or import the kernels here, not at module import.
         """
         return None

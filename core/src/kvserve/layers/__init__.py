@@ -1,8 +1,10 @@
 """Building blocks for model plugins (importing this package imports torch)."""
 
+from kvserve.layers.activation import SiluAndMul
 from kvserve.layers.attention import PagedAttention, attention_layers
 from kvserve.layers.embedding import VocabEmbedding
 from kvserve.layers.kv_store import store_kv
+from kvserve.layers.layer_ops import LayerOpsModule, TorchLayerOps, use_layer_ops
 from kvserve.layers.linear import (
     ColumnLinear,
     LinearBase,
@@ -18,6 +20,7 @@ from kvserve.layers.rotary import RotaryEmbedding
 
 __all__ = [
     "ColumnLinear",
+    "LayerOpsModule",
     "LinearBase",
     "MergedColumnLinear",
     "PackedLinearMethod",
@@ -26,10 +29,13 @@ __all__ = [
     "RMSNorm",
     "RotaryEmbedding",
     "RowLinear",
+    "SiluAndMul",
+    "TorchLayerOps",
     "UnquantizedLinearMethod",
     "VocabEmbedding",
     "attention_layers",
     "load_checkpoint",
     "pack_linear_weights",
     "store_kv",
+    "use_layer_ops",
 ]

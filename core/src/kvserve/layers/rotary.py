@@ -6,6 +6,8 @@ from typing import Any
 
 import torch
 
+from kvserve.layers.layer_ops import LayerOpsModule
+
 
 def rope_parameters(hf_config: Any) -> dict[str, Any]:
     """The config's rope parameters in transformers' current form (``rope_type``, ``rope_theta``...)."""
@@ -17,7 +19,7 @@ def rope_parameters(hf_config: Any) -> dict[str, Any]:
     return dict(params)
 
 
-class RotaryEmbedding(torch.nn.Module):
+class RotaryEmbedding(LayerOpsModule):
     """Applies RoPE to query and key given each token's absolute position.
 
     The inverse frequencies come from transformers' own rope initialisers, so every rope
@@ -68,13 +70,4 @@ class RotaryEmbedding(torch.nn.Module):
 
     def forward(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor):
         """``query``/``key``: ``[num_tokens, heads, head_dim]``; returns both rotated."""
-        cos = self.cos[positions].unsqueeze(1)
-        sin = self.sin[positions].unsqueeze(1)
-        return _rotate(query, cos, sin), _rotate(key, cos, sin)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half].float(), x[..., half:].float()
-    out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-    return out.to(x.dtype)
+        return self.ops.rotary_embedding(positions, query, key, self.cos, self.sin)

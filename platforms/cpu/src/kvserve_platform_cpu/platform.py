@@ -8,7 +8,7 @@ from collections.abc import Callable
 import psutil
 import torch
 
-from kvserve.interfaces import DeviceCapability, LinearKernel, Platform
+from kvserve.interfaces import DeviceCapability, LayerOps, LinearKernel, Platform
 from kvserve_platform_cpu.cpu_info import cpu_name_and_flags, native_bf16_feature
 
 # Without an explicit fraction the KV cache takes this share of available memory, capped,
@@ -67,3 +67,10 @@ class CpuPlatform(Platform):
         from kvserve_platform_cpu.onednn_linear import onednn_linear_kernel
 
         return onednn_linear_kernel()
+
+    def layer_ops(self) -> LayerOps | None:
+        """Fused C++ RMSNorm, add+RMSNorm, SiLU-and-mul and rotary, built on first use; PyTorch's
+        (saying why) where they cannot be built."""
+        from kvserve_platform_cpu.native_layer_ops import cpu_layer_ops
+
+        return cpu_layer_ops()

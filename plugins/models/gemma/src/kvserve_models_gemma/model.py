@@ -111,7 +111,11 @@ class GemmaMLP(torch.nn.Module):
 
 
 class GemmaDecoderLayer(torch.nn.Module):
-    """Attention and MLP, each between a pre-norm and a post-norm, each added to the residual."""
+    """Attention and MLP, each between a pre-norm and a post-norm, each added to the residual.
+
+    The residual stream travels beside the hidden states, vLLM's way: each pre-norm adds the
+    previous block's post-normed output to it (one fused op where the platform has one).
+    """
 
     def __init__(
         self, hf_config: Any, self_attn: GemmaAttention, quant_method: QuantizationMethod, prefix: str
@@ -125,11 +129,18 @@ class GemmaDecoderLayer(torch.nn.Module):
         self.mlp = GemmaMLP(hf_config, quant_method, f"{prefix}.mlp")
         self.post_feedforward_layernorm = RMSNorm(hidden, eps, GEMMA_NORM_OFFSET)
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        attn = self.self_attn(positions, self.input_layernorm(hidden), ctx)
-        hidden = hidden + self.post_attention_layernorm(attn)
-        mlp = self.mlp(self.pre_feedforward_layernorm(hidden))
-        return hidden + self.post_feedforward_layernorm(mlp)
+    def forward(
+        self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None, ctx: ForwardContext
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(post-normed mlp output, residual)``; ``residual`` is None for the first layer (``hidden``
+        is the scaled embedding), else the stream the previous layer returned beside its output."""
+        if residual is None:
+            hidden, residual = self.input_layernorm(hidden), hidden
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.post_attention_layernorm(self.self_attn(positions, hidden, ctx))
+        hidden, residual = self.pre_feedforward_layernorm(hidden, residual)
+        return self.post_feedforward_layernorm(self.mlp(hidden)), residual
 
 
 class GemmaModel(torch.nn.Module):
@@ -145,10 +156,10 @@ class GemmaModel(torch.nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)
-        hidden = hidden * self.embed_scale.to(hidden.dtype)
+        hidden, residual = hidden * self.embed_scale.to(hidden.dtype), None
         for layer in self.layers:
-            hidden = layer(positions, hidden, ctx)
-        return self.norm(hidden)
+            hidden, residual = layer(positions, hidden, residual, ctx)
+        return self.norm(hidden, residual)[0]
 
 
 class Gemma3ForCausalLM(torch.nn.Module):

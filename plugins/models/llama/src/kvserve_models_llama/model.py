@@ -13,7 +13,6 @@ from collections.abc import Iterable
 from typing import Any, ClassVar
 
 import torch
-import torch.nn.functional as F
 
 from kvserve.forward_context import ForwardContext
 from kvserve.interfaces import QuantizationMethod
@@ -24,6 +23,7 @@ from kvserve.layers import (
     RMSNorm,
     RotaryEmbedding,
     RowLinear,
+    SiluAndMul,
     VocabEmbedding,
     load_checkpoint,
 )
@@ -90,13 +90,18 @@ class LlamaMLP(torch.nn.Module):
         self.gate_proj = ColumnLinear(hidden, intermediate, bias, quant_method, f"{prefix}.gate_proj")
         self.up_proj = ColumnLinear(hidden, intermediate, bias, quant_method, f"{prefix}.up_proj")
         self.down_proj = RowLinear(intermediate, hidden, bias, quant_method, f"{prefix}.down_proj")
+        self.act = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.act(self.gate_proj(x), self.up_proj(x)))
 
 
 class LlamaDecoderLayer(torch.nn.Module):
-    """Pre-norm residual block: attention, then MLP (``self_attn`` is built by the caller)."""
+    """Pre-norm residual block: attention, then MLP (``self_attn`` is built by the caller).
+
+    The residual stream travels beside the hidden states, vLLM's way: each norm adds the previous
+    block's output to it (one fused op where the platform has one).
+    """
 
     def __init__(
         self, hf_config: Any, self_attn: LlamaAttention, quant_method: QuantizationMethod, prefix: str
@@ -107,9 +112,18 @@ class LlamaDecoderLayer(torch.nn.Module):
         self.post_attention_layernorm = RMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps)
         self.mlp = LlamaMLP(hf_config, quant_method, f"{prefix}.mlp")
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        hidden = hidden + self.self_attn(positions, self.input_layernorm(hidden), ctx)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+    def forward(
+        self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None, ctx: ForwardContext
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(mlp output, residual)``; ``residual`` is None for the first layer (``hidden`` is the
+        embedding), else the stream the previous layer returned beside its output."""
+        if residual is None:
+            hidden, residual = self.input_layernorm(hidden), hidden
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden, ctx)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
 
 
 class LlamaModel(torch.nn.Module):
@@ -122,10 +136,10 @@ class LlamaModel(torch.nn.Module):
         self.norm = RMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)
+        hidden, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
-            hidden = layer(positions, hidden, ctx)
-        return self.norm(hidden)
+            hidden, residual = layer(positions, hidden, residual, ctx)
+        return self.norm(hidden, residual)[0]
 
 
 class LlamaForCausalLM(torch.nn.Module):
