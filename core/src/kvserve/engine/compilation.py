@@ -55,7 +55,11 @@ class CompiledForward:
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, len(self.buckets) + 1)
         self.freezing = freezing
         self.cache_dir = os.environ["TORCHINDUCTOR_CACHE_DIR"]
-        self._compiled = torch.compile(model.forward, backend="inductor", fullgraph=True, dynamic=False)
+        # ``freezing`` in the options too: dynamo reuses another engine's graphs of the same model
+        # class in this process when the compile settings compare equal, so -O1's must differ from -O2's.
+        self._compiled = torch.compile(
+            model.forward, backend="inductor", fullgraph=True, dynamic=False, options={"freezing": freezing}
+        )
         self.compile_seconds: dict[int, float] = {}
         """Bucket -> seconds its first call took (compiling, or loading from the cache)."""
 
@@ -71,7 +75,7 @@ class CompiledForward:
         num_tokens = input_ids.shape[0]
         first = num_tokens not in self.compile_seconds
         start = time.perf_counter()
-        # Inductor reads ``freezing`` from its global config when it compiles (not from compile options).
+        # Dynamo reads ``freezing`` from inductor's global config when it traces (not from the options).
         settings = torch._inductor.config.patch(freezing=self.freezing) if first else nullcontext()
         with settings, current_forward_context(ctx):
             hidden = self._compiled(input_ids, positions, ctx)
