@@ -3,7 +3,9 @@
 A step's token count is padded up to the next bucket (powers of two up to the largest step), so
 a handful of graphs serve every step and none is recompiled mid-run. Attention stays outside the
 graphs as the opaque ``kvserve::paged_attention`` op (see :mod:`kvserve.layers.attention`):
-everything the graphs see depends on the token count only. Compiled code is cached on disk
+everything the graphs see depends on the token count only. Linear layers a platform's
+:class:`~kvserve.interfaces.LinearKernel` packed call it inside the graphs (the packed weights are
+graph inputs), as they do eagerly. Compiled code is cached on disk
 (inductor's FX graph and AOT autograd caches, under ``compile_cache_dir``), so a second start
 with the same model and settings loads instead of compiling.
 """
@@ -38,7 +40,7 @@ class CompiledForward:
     """``model.forward`` compiled per bucket of :func:`token_buckets` (``max_tokens``).
 
     ``freezing``: inductor folds the weights into the graphs as constants and, on the CPU,
-    prepacks the linear layers' weights for oneDNN/MKL.
+    prepacks for oneDNN/MKL the linear layers' weights the platform's kernel left dense.
     """
 
     def __init__(self, model: torch.nn.Module, max_tokens: int, freezing: bool, cache_dir: str | None) -> None:
