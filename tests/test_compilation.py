@@ -1,5 +1,6 @@
 """Optimization levels: bucket-padded steps into persistent buffers, the compiled forward's greedy
-tokens identical to HF transformers in fp32, and the start-up line / bench saying how steps ran."""
+tokens identical to HF transformers in fp32 on the CPU platform's packed weights, and the start-up
+line / bench saying how steps ran."""
 
 import logging
 import time
@@ -14,8 +15,10 @@ from kvserve.cli import app, bench  # noqa: F401  (registers the commands)
 from kvserve.config import EngineConfig
 from kvserve.engine.compilation import token_buckets
 from kvserve.errors import ConfigError
+from kvserve.layers import LinearBase
 from kvserve.testing.hf_models import build_tiny_model
 from kvserve_attention_cpu import native_kernel
+from kvserve_platform_cpu.onednn_linear import onednn_linear_kernel
 
 PROMPTS = ["Paris is the capital of", "0123456789", "Paged attention stores keys and values"]
 NEW_TOKENS = 12
@@ -76,26 +79,35 @@ def test_padded_step_lands_in_the_persistent_buffers(tiny_llama):
     assert (again.data_ptr(), again_pos.data_ptr(), again_batch.slot_mapping.data_ptr()) == pointers
 
 
-def test_compiled_greedy_tokens_match_hf_in_fp32(tiny_llama, tmp_path, caplog):
+@pytest.mark.parametrize("level", [1, 2])
+def test_compiled_greedy_tokens_match_hf_in_fp32_on_packed_weights(level, tiny_llama, tmp_path, startup_lines):
     tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_llama)
     prompt_ids = [tokenizer.encode(p) for p in PROMPTS]
     expected = hf_greedy_no_eos(tiny_llama, prompt_ids)
     start = time.perf_counter()
-    with caplog.at_level(logging.INFO, logger="kvserve"):
-        llm = LLM(
-            str(tiny_llama), dtype="float32", optimization_level=1, compile_cache_dir=str(tmp_path),
-            max_num_batched_tokens=32, max_num_seqs=4,
-        )  # fmt: skip
-        params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
-        outputs = llm.generate(prompt_ids, params, use_tqdm=False)
+    llm = LLM(
+        str(tiny_llama), dtype="float32", optimization_level=level, compile_cache_dir=str(tmp_path),
+        max_num_batched_tokens=32, max_num_seqs=4,
+    )  # fmt: skip
+    params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    outputs = llm.generate(prompt_ids, params, use_tqdm=False)
+    log = "\n".join(startup_lines)
     compiled = llm.engine.runner.compiled
-    print(f"compiled {sorted(compiled.compile_seconds)} in {time.perf_counter() - start:.1f} s (cold cache)")
+    print(f"-O{level}: compiled {sorted(compiled.compile_seconds)} in {time.perf_counter() - start:.1f} s (cold cache)")
     assert [list(o.outputs[0].token_ids) for o in outputs] == expected
     # One prefill step (padded to 32) and decode steps of 3 (padded to 4): two graphs, no more.
     assert sorted(compiled.compile_seconds) == [4, 32]
-    assert "optimization_level=1 (compiled: inductor" in caplog.text
-    assert "kvserve compile: 32-token graph" in caplog.text
+    assert f"optimization_level={level} (compiled: inductor" in log
+    assert "kvserve compile: 32-token graph" in log
     assert any(tmp_path.rglob("*.py")), "inductor wrote no cache under compile_cache_dir"
+    if onednn_linear_kernel() is not None:
+        # The graphs ran the CPU platform's packed GEMM: every dense layer's weight is oneDNN's
+        # packed tensor, and inductor's generated code calls the opaque op on it.
+        linears = [m for m in llm.engine.model.modules() if isinstance(m, LinearBase)]
+        assert linears and all(m.weight.is_mkldnn for m in linears)
+        assert f"linear_kernel=onednn ({len(linears)}/{len(linears)} linear layers + lm_head)" in log
+        code = "\n".join(path.read_text() for path in tmp_path.rglob("*.py"))
+        assert code.count("torch.ops.kvserve_cpu.onednn_linear.default(") == len(linears) * 2  # two graphs
 
 
 def test_start_up_line_and_bench_name_level_and_kernels(tiny_llama, startup_lines):

@@ -3,7 +3,9 @@
 A step's token count is padded up to the next bucket (powers of two up to the largest step), so
 a handful of graphs serve every step and none is recompiled mid-run. Attention stays outside the
 graphs as the opaque ``kvserve::paged_attention`` op (see :mod:`kvserve.layers.attention`):
-everything the graphs see depends on the token count only. Compiled code is cached on disk
+everything the graphs see depends on the token count only. Linear layers a platform's
+:class:`~kvserve.interfaces.LinearKernel` packed call it inside the graphs (the packed weights are
+graph inputs), as they do eagerly. Compiled code is cached on disk
 (inductor's FX graph and AOT autograd caches, under ``compile_cache_dir``), so a second start
 with the same model and settings loads instead of compiling.
 """
@@ -38,7 +40,7 @@ class CompiledForward:
     """``model.forward`` compiled per bucket of :func:`token_buckets` (``max_tokens``).
 
     ``freezing``: inductor folds the weights into the graphs as constants and, on the CPU,
-    prepacks the linear layers' weights for oneDNN/MKL.
+    prepacks for oneDNN/MKL the linear layers' weights the platform's kernel left dense.
     """
 
     def __init__(self, model: torch.nn.Module, max_tokens: int, freezing: bool, cache_dir: str | None) -> None:
@@ -55,7 +57,11 @@ class CompiledForward:
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, len(self.buckets) + 1)
         self.freezing = freezing
         self.cache_dir = os.environ["TORCHINDUCTOR_CACHE_DIR"]
-        self._compiled = torch.compile(model.forward, backend="inductor", fullgraph=True, dynamic=False)
+        # ``freezing`` in the options too: dynamo reuses another engine's graphs of the same model
+        # class in this process when the compile settings compare equal, so -O1's must differ from -O2's.
+        self._compiled = torch.compile(
+            model.forward, backend="inductor", fullgraph=True, dynamic=False, options={"freezing": freezing}
+        )
         self.compile_seconds: dict[int, float] = {}
         """Bucket -> seconds its first call took (compiling, or loading from the cache)."""
 
@@ -71,7 +77,7 @@ class CompiledForward:
         num_tokens = input_ids.shape[0]
         first = num_tokens not in self.compile_seconds
         start = time.perf_counter()
-        # Inductor reads ``freezing`` from its global config when it compiles (not from compile options).
+        # Dynamo reads ``freezing`` from inductor's global config when it traces (not from the options).
         settings = torch._inductor.config.patch(freezing=self.freezing) if first else nullcontext()
         with settings, current_forward_context(ctx):
             hidden = self._compiled(input_ids, positions, ctx)

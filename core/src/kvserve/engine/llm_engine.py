@@ -203,9 +203,8 @@ class LLMEngine:
         for module in model.modules():
             if isinstance(module, LinearBase):
                 module.quant_method.process_weights_after_loading(module)
-        # Compiled levels leave weights dense: inductor cannot trace a platform's packed weights as
-        # graph inputs, and under freezing (-O2) it packs them itself.
-        kernel = self.platform.linear_kernel() if self.config.compilation.optimization_level == 0 else None
+        # At every level: compiled graphs call the kernel on the packed weights as graph inputs.
+        kernel = self.platform.linear_kernel()
         self.linear_kernel = "F.linear" if kernel is None else str(pack_linear_weights(model, kernel))
         """Which GEMM the dense linear layers run, for the start-up line."""
         self.layer_ops = self._use_layer_ops(model)

@@ -37,4 +37,9 @@ class LinearKernel(ABC):
     @abstractmethod
     def apply(self, x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """``x @ W.T + bias`` for ``x`` of shape ``[..., in_features]`` in ``x``'s dtype, where
-        ``packed`` is what :meth:`pack` returned for ``W``; a new contiguous tensor on ``x``'s device."""
+        ``packed`` is what :meth:`pack` returned for ``W``; a new contiguous tensor on ``x``'s device.
+
+        At compiled optimization levels this runs under ``torch.compile`` (``fullgraph``, the
+        packed tensor a graph input): when ``torch.compiler.is_compiling()`` it must call only ops
+        dynamo traces and inductor compiles, e.g. one opaque ``torch.library.custom_op`` with a
+        fake implementation giving the output's shape."""

@@ -5,6 +5,12 @@ sgemm (float32), which on AMD CPUs takes a generic code path; a weight reordered
 oneDNN's AVX-512 kernels measured 1.1-3.8x faster on every projection of the 125M Llama and
 SmolLM2 at 1-64 and 512 rows (``benchmarks/gemm_shapes.py``). As vLLM's CPU build does, the
 layout is chosen for a 32-row batch and serves every batch size.
+
+Compiled levels (``torch.compile``) call the same matmul through the opaque op
+``kvserve_cpu::onednn_linear``: inductor's own lowering of ``mkldnn._linear_pointwise`` takes
+only weights it froze into the graph as constants, while the op takes the packed weight as an
+ordinary graph input, so every level runs on the same packed weights and the elementwise ops
+around the matmuls still fuse into inductor's kernels.
 """
 
 from __future__ import annotations
@@ -15,6 +21,17 @@ from kvserve.interfaces import LinearKernel
 
 PACK_BATCH_HINT = 32
 """Rows the weight layout is chosen for; it serves any row count (decode batches and prefills)."""
+
+
+@torch.library.custom_op("kvserve_cpu::onednn_linear", mutates_args=())
+def onednn_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``x @ W.T + bias`` on ``packed``, the oneDNN-reordered ``W`` of :meth:`OneDnnLinearKernel.pack`."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+@onednn_linear.register_fake
+def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], packed.shape[0]))
 
 
 class OneDnnLinearKernel(LinearKernel):
@@ -30,6 +47,9 @@ class OneDnnLinearKernel(LinearKernel):
         return torch.ops.mkldnn._reorder_linear_weight(weight, PACK_BATCH_HINT)
 
     def apply(self, x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            return onednn_linear(x, packed, bias)
+        # Eager: the mkldnn op directly, without the custom op's Python dispatch on every call.
         return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
