@@ -114,6 +114,12 @@ def thread_cpu(pid: int, names: dict[int, str]) -> dict[str, float]:
     return seconds
 
 
+def report_cpu(load: str, before: dict[str, float], after: dict[str, float], tokens: int) -> None:
+    print(f"server CPU ms per 1k output tokens under the {load} load, by thread ({tokens} tokens):")
+    for name in sorted(after, key=lambda n: before.get(n, 0) - after[n]):
+        print(f"  {1e6 * (after[name] - before.get(name, 0)) / tokens:8.0f}  {name}")
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -166,16 +172,13 @@ def main() -> None:
                 f"streamed burst: {summary['output_throughput']:.0f} tok/s, "
                 f"TTFT p50 {summary['p50_ttft_ms']:.0f} ms, TPOT p50 {summary['p50_tpot_ms']:.1f} ms"
             )
+        report_cpu("streamed", before, after := thread_cpu(server.pid, names), tokens)
         if args.kit:
             kit_cmd = [sys.executable, str(KIT / "bench_openai_client.py"), "--url", url, "--model", "m"]
             out = subprocess.run([*kit_cmd, "--workload", args.workload], capture_output=True, text=True, check=True)
             kit = json.loads(out.stdout.strip().splitlines()[-1])
-            tokens += kit["gen_tokens"]
-            print(f"kit client: {kit['gen_tok_per_s']:.0f} tok/s")
-        after = thread_cpu(server.pid, names)
-        print(f"server CPU ms per 1k output tokens, by thread ({tokens} tokens):")
-        for name in sorted(after, key=lambda n: before.get(n, 0) - after[n]):
-            print(f"  {1e6 * (after[name] - before.get(name, 0)) / tokens:8.0f}  {name}")
+            print(f"kit client (non-streamed): {kit['gen_tok_per_s']:.0f} tok/s")
+            report_cpu("kit client", after, thread_cpu(server.pid, names), kit["gen_tokens"])
         if spy is not None:
             spy.send_signal(signal.SIGINT)
             spy.wait(60)
