@@ -32,7 +32,7 @@ from pathlib import Path
 
 import httpx
 
-from kvserve.benchmarking.cpu_usage import CpuWindow
+from kvserve.benchmarking.cpu_usage import CpuWindow, tree_cpu_seconds
 from kvserve.benchmarking.serving_client import run_serving_benchmark
 
 # The kit sits in ../shared/peers of the main checkout (a worktree under wt/ has it one level further up).
@@ -121,14 +121,20 @@ def measure(kind: str, args: argparse.Namespace, workload: dict, log_dir: Path) 
         asyncio.run(run_serving_benchmark(url, prompts[:2], 8, SERVED_NAME, progress=False))  # warm-up
         if proc.poll() is not None:
             raise SystemExit(f"the {kind} server stopped (exit {proc.returncode}); see {log_dir}/{kind}-server.log")
+        server_cpu = tree_cpu_seconds(proc.pid)
         with CpuWindow(proc.pid) as cpu:
             report["kit_tok_s"] = kit_client(url, args)["gen_tok_per_s"]
         report["kit_foreign_s"] = cpu.foreign_s
+        tokens = len(prompts) * output_len
+        # The server's own CPU per output token: what its serving path costs, whatever the machine's load.
+        report["kit_server_cpu_ms_per_tok"] = 1000 * (tree_cpu_seconds(proc.pid) - server_cpu) / tokens
         for name, rate in (("burst", float("inf")), ("rate", args.rate)):
+            server_cpu = tree_cpu_seconds(proc.pid)
             with CpuWindow(proc.pid) as cpu:
                 summary = streamed(url, prompts, output_len, rate)
             report[name] = {key: summary[key] for key in ("output_throughput", "p50_ttft_ms", "p99_ttft_ms")}
             report[name]["foreign_s"] = cpu.foreign_s
+            report[name]["server_cpu_ms_per_tok"] = 1000 * (tree_cpu_seconds(proc.pid) - server_cpu) / tokens
             report[name]["p50_tpot_ms"] = summary["p50_tpot_ms"]
     finally:
         stop(proc)

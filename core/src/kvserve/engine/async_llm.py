@@ -3,7 +3,9 @@
 The frontend (this class: tokenization, validation, the streams) drives an engine core
 (:mod:`kvserve.engine.core_client`): on a thread of this process, or in its own process behind
 ZeroMQ (``server.engine_process``), so the server's HTTP, JSON and SSE work never takes the
-GIL from the step loop. Outputs come back through ``loop.call_soon_threadsafe``.
+GIL from the step loop. Each step's outputs come back in one ``loop.call_soon_threadsafe`` (one
+wake-up of the event loop per step, not per request), into each request's
+:class:`~kvserve.engine.output_collector.OutputCollector`.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 from kvserve.config import EngineConfig
 from kvserve.engine.core_client import EngineCoreClient
 from kvserve.engine.llm_engine import LLMEngine
+from kvserve.engine.output_collector import OutputCollector
 from kvserve.engine.stats import EngineStats
 from kvserve.engine.thread_core import ThreadCore
 from kvserve.engine.validation import check_request
@@ -39,7 +42,7 @@ class AsyncLLM:
         self.engine: LLMEngine | None = getattr(self.core, "engine", None)
         """The engine itself when it runs in this process; None when it has its own."""
         self.info = self.core.info
-        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, OutputCollector]] = {}
         self._lock = threading.Lock()
         self._closed: str | None = None
         """Why the core no longer serves (set under ``_lock``); None while it runs."""
@@ -98,7 +101,7 @@ class AsyncLLM:
         text = prompt if isinstance(prompt, str) else None
         token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         self.validate_prompt(token_ids, params)
-        stream: asyncio.Queue = asyncio.Queue()
+        stream = OutputCollector(delta=params.output_kind == "delta")
         with self._lock:
             if self._closed is not None:
                 raise EngineDeadError(self._closed)
@@ -134,12 +137,24 @@ class AsyncLLM:
 
     # -- OutputSink: called by the core, from its thread -----------------------------------
     def deliver(self, request_id: str, item: Any) -> None:
-        """Queue ``item`` on ``request_id``'s stream, if anyone still waits for it."""
+        """Hand ``item`` to ``request_id``'s stream, if anyone still waits for it."""
         target = self._streams.get(request_id)
         if target is not None:
             loop, stream = target
             with suppress(RuntimeError):  # its event loop is closed: nobody is waiting any more
-                loop.call_soon_threadsafe(stream.put_nowait, item)
+                loop.call_soon_threadsafe(stream.put, item)
+
+    def deliver_step(self, outputs: list[RequestOutput]) -> None:
+        """Hand one step's outputs over: one call into each consumer's event loop for all of them."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[OutputCollector, RequestOutput]]] = {}
+        streams = self._streams
+        for output in outputs:
+            target = streams.get(output.request_id)
+            if target is not None:
+                by_loop.setdefault(target[0], []).append((target[1], output))
+        for loop, items in by_loop.items():
+            with suppress(RuntimeError):  # its event loop is closed: nobody is waiting any more
+                loop.call_soon_threadsafe(_put_all, items)
 
     def close(self, reason: str, error: BaseException | None) -> None:
         """Declare the core's end and answer every waiting stream with EngineDeadError(``reason``)."""
@@ -149,3 +164,8 @@ class AsyncLLM:
             waiting = list(self._streams)
         for request_id in waiting:
             self.deliver(request_id, EngineDeadError(reason))
+
+
+def _put_all(items: list[tuple[OutputCollector, RequestOutput]]) -> None:
+    for stream, output in items:
+        stream.put(output)

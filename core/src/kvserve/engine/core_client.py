@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 from kvserve.engine.engine_info import EngineInfo
 from kvserve.engine.stats import EngineStats
+from kvserve.outputs import RequestOutput
 
 
 class OutputSink(Protocol):
@@ -18,6 +19,9 @@ class OutputSink(Protocol):
 
     def deliver(self, request_id: str, item: Any) -> None:
         """Hand ``item`` (a RequestOutput, or an exception that ends the request) to ``request_id``'s stream."""
+
+    def deliver_step(self, outputs: list[RequestOutput]) -> None:
+        """Hand over one step's outputs at once (each to its request's stream), as cheaply as one call."""
 
     def close(self, reason: str, error: BaseException | None) -> None:
         """The core serves no more: ``reason`` goes to every waiting and later caller as EngineDeadError;

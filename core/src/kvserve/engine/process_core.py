@@ -150,8 +150,8 @@ class ProcessCore:
         kind = message[0]
         if kind == "outputs":
             self._stats = message[2]  # first: whoever sees its last output sees its blocks freed
-            for output in message[1]:
-                self._sink.deliver(output.request_id, output)
+            if message[1]:
+                self._sink.deliver_step(message[1])
         elif kind == "error":
             self._sink.deliver(message[1], message[2])
         elif kind == "dead":

@@ -67,8 +67,9 @@ class ThreadCore:
                     self._wake.wait()
                     self._wake.clear()
                     continue
-                for output in self.engine.step():
-                    self._sink.deliver(output.request_id, output)
+                outputs = self.engine.step()
+                if outputs:
+                    self._sink.deliver_step(outputs)
         except BaseException as exc:  # report to every waiting consumer instead of hanging them
             if isinstance(exc, EngineDeadError):
                 logger.error("engine loop died: %s", exc)  # the engine logged the traceback

@@ -70,8 +70,8 @@ class ServerMetrics:
             "kvserve:time_to_first_token_seconds", "Time to first token.", buckets=_LATENCY_BUCKETS, registry=registry
         )
         self.itl = Histogram(
-            "kvserve:inter_token_latency_seconds", "Time between a request's outputs.", buckets=_LATENCY_BUCKETS,
-            registry=registry,
+            "kvserve:inter_token_latency_seconds", "Time between a streamed request's outputs.",
+            buckets=_LATENCY_BUCKETS, registry=registry,
         )  # fmt: skip
         self.e2e = Histogram(
             "kvserve:e2e_request_latency_seconds", "Arrival to last token.", buckets=_E2E_BUCKETS, registry=registry
@@ -82,13 +82,22 @@ class ServerMetrics:
         return generate_latest(self.registry)
 
     async def observe(self, outputs: AsyncIterator[RequestOutput]) -> AsyncIterator[RequestOutput]:
-        """Pass ``outputs`` through, timing the first token, the gaps between outputs and the whole request."""
+        """Pass ``outputs`` through, timing the first token, the gaps between outputs and the whole request.
+
+        A request answered whole (``final_only``) has one output: its time to first token comes from the
+        engine's timestamps, and it has no gaps between outputs to observe.
+        """
         start = last = time.monotonic()
         first = True
         async with aclosing(outputs):  # closing this generator early closes (aborts) the engine request too
             async for output in outputs:
                 now = time.monotonic()
-                (self.ttft if first else self.itl).observe(now - last)
+                if not first:
+                    self.itl.observe(now - last)
+                elif output.finished and (times := output.metrics) is not None and times.first_token_time:
+                    self.ttft.observe(times.first_token_time - times.arrival_time)
+                else:
+                    self.ttft.observe(now - last)
                 first, last = False, now
                 for completion in output.outputs:
                     if completion.finish_reason is not None:

@@ -135,7 +135,9 @@ class GenerationRequest(_Strict):
         if self.logit_bias:
             values["logit_bias"] = self.logit_bias_ids()
         try:
-            return SamplingParams(**values, output_kind="delta")
+            # A streamed answer goes out token by token; a whole one needs only the final output (as vLLM's
+            # FINAL_ONLY: no per-token hand-off to the event loop).
+            return SamplingParams(**values, output_kind="delta" if self.stream else "final_only")
         except ValidationError as exc:
             raise invalid_value_error(exc, renames) from None
 

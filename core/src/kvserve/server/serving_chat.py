@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request, Response
-from starlette.concurrency import run_in_threadpool
 
 from kvserve.chat_template import ChatTemplateError, render_chat
 from kvserve.outputs import TokenLogprobs
 from kvserve.server.errors import OpenAIError
 from kvserve.server.generation import GenerationRun, admit
 from kvserve.server.logprobs import chat_logprobs
+from kvserve.server.offload import tokenizer_work
 from kvserve.server.openapi import json_body
 from kvserve.server.protocol import (
     AssistantMessage,
@@ -45,8 +45,9 @@ async def create_chat_completion(request: Request) -> Response:
     state, body = await admit(request, ChatCompletionRequest)
     state.limits.check(body, num_prompts=1)
     params = body.sampling_params()
-    # Rendering and tokenizing a long conversation takes a while: off the event loop, so streams go on.
-    prompt = await run_in_threadpool(chat_prompt, state, body.messages, body.add_generation_prompt)
+    # Rendering and tokenizing a long conversation takes a while: then off the event loop, so streams go on.
+    text = sum(len(m.template_input()["content"]) for m in body.messages)
+    prompt = await tokenizer_work(text, lambda: chat_prompt(state, body.messages, body.add_generation_prompt))
     return await _ChatRun(state, body, params, [prompt]).respond(request)
 
 

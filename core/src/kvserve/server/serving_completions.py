@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request, Response
-from starlette.concurrency import run_in_threadpool
 
 from kvserve.outputs import CompletionOutput, TokenLogprobs
 from kvserve.sampling_params import SamplingParams
 from kvserve.server.choices import Choice
 from kvserve.server.generation import GenerationRun, admit
 from kvserve.server.logprobs import completion_logprobs
+from kvserve.server.offload import tokenizer_work
 from kvserve.server.openapi import json_body
 from kvserve.server.protocol import CompletionChoice, CompletionRequest, CompletionResponse, UsageInfo
 from kvserve.server.state import ServerState
@@ -27,11 +27,13 @@ async def create_completion(request: Request) -> Response:
     state.limits.check(body, len(given), (p for p in given if not isinstance(p, str)))
     params = body.sampling_params()
     tokenizer = state.tokenizer
-    # Tokenizing (and decoding, for echo) a long prompt takes a while: off the event loop, so streams go on.
-    prompts = await run_in_threadpool(lambda: [tokenizer.encode(p) if isinstance(p, str) else p for p in given])
+    # Tokenizing (and decoding, for echo) a long prompt takes a while: then off the event loop, so streams go on.
+    text = sum(len(p) for p in given if isinstance(p, str))
+    prompts = await tokenizer_work(text, lambda: [tokenizer.encode(p) if isinstance(p, str) else p for p in given])
     run = _CompletionRun(state, body, params, prompts)
     if run.echo:  # decoded only once the ids are known to be valid
-        run.texts = await run_in_threadpool(lambda: [p if isinstance(p, str) else tokenizer.decode(p) for p in given])
+        ids = sum(len(p) for p in given if not isinstance(p, str))
+        run.texts = await tokenizer_work(ids, lambda: [p if isinstance(p, str) else tokenizer.decode(p) for p in given])
     return await run.respond(request)
 
 
