@@ -2,7 +2,6 @@
 tokens identical to HF transformers in fp32 on the CPU platform's packed weights, and the start-up
 line / bench saying how steps ran."""
 
-import logging
 import time
 
 import pytest
