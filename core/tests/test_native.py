@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvserve.native import NativeBuildError, build_failure_reason, cache_directory, load_operators
+from kvserve.native import NativeBuildError, build_failure_reason, cache_directory, load_operators, unavailable_reason
 
 pytestmark = pytest.mark.skipif(build_failure_reason() is not None, reason=f"no native build: {build_failure_reason()}")
 
@@ -54,3 +54,17 @@ def test_no_compiler_is_a_reason_not_a_crash(monkeypatch):
     assert "no C++ compiler" in build_failure_reason()
     with pytest.raises(NativeBuildError, match="no-such-compiler-here"):
         load_operators("kvserve_native_never_built", ())
+
+
+def test_unavailable_reason_names_the_library_and_does_not_retry_a_failed_build(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVSERVE_NATIVE_CACHE", str(tmp_path / "cache"))
+    source = tmp_path / "broken_once.cpp"
+    source.write_text("int main() { return undefined_symbol_here; }\n")
+    first = unavailable_reason("kvserve_native_broken_once", (source,))
+    assert first.startswith("cannot build kvserve_native_broken_once in ")
+    source.write_text(SCALE_SOURCE)  # a fixed source is not picked up in this process: no second build
+    assert unavailable_reason("kvserve_native_broken_once", (source,)) == first
+    monkeypatch.setenv("CXX", "no-such-compiler-here")  # the tools, though, are checked every time
+    assert unavailable_reason("kvserve_native_broken_once", (source,)).startswith(
+        "cannot build kvserve_native_broken_once: no C++ compiler ('no-such-compiler-here'"
+    )

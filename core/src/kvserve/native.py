@@ -9,7 +9,8 @@ seconds). Building on the machine that runs it allows ``-march=native``: the ker
 vector instructions this CPU has without a wheel per instruction set.
 
 Where no compiler or ninja is available the build fails with :class:`NativeBuildError`; a
-plugin then keeps its portable path and says why (see :func:`build_failure_reason`).
+plugin then keeps its portable path and says why: :func:`unavailable_reason` gives that sentence
+(or None once the operators are loaded).
 """
 
 from __future__ import annotations
@@ -95,3 +96,25 @@ def load_operators(name: str, sources: tuple[Path, ...], openmp: bool = True) ->
     except (RuntimeError, OSError, ImportError) as error:  # what torch's build raises for a failed compile or load
         tail = "\n".join(str(error).strip().splitlines()[-8:])
         raise NativeBuildError(f"cannot build {name} in {build_dir}: {tail}") from error
+
+
+def unavailable_reason(name: str, sources: tuple[Path, ...]) -> str | None:
+    """None once the library ``name`` is loaded in this process (:func:`load_operators`, building it
+    if needed); else why it cannot be, as :class:`NativeBuildError` says it (``"cannot build
+    <name>: ..."``), for a plugin's fallback and its start-up line.
+
+    The build tools are checked on every call (``CXX`` may change between engines), a build at
+    most once per process: a failed compile is not retried by every engine that asks."""
+    reason = build_failure_reason()
+    if reason is not None:
+        return f"cannot build {name}: {reason}"
+    return _load_once(name, sources)
+
+
+@functools.cache
+def _load_once(name: str, sources: tuple[Path, ...]) -> str | None:
+    try:
+        load_operators(name, sources)
+    except NativeBuildError as error:
+        return str(error)
+    return None

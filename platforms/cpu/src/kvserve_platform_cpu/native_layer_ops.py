@@ -16,7 +16,7 @@ import torch
 
 from kvserve.interfaces import LayerOps
 from kvserve.layers import TorchLayerOps
-from kvserve.native import NativeBuildError, load_operators
+from kvserve.native import unavailable_reason
 
 logger = logging.getLogger("kvserve")
 
@@ -62,9 +62,8 @@ class NativeLayerOps(LayerOps):
 def cpu_layer_ops() -> LayerOps:
     """The native ops, built (or found in the cache) now; core's PyTorch ops, with the reason, where
     the build is unavailable or fails."""
-    try:
-        load_operators(LIBRARY, SOURCES)
-    except NativeBuildError as error:
-        logger.warning("kvserve-platform-cpu: fused layer ops unavailable, using PyTorch's: %s", error)
-        return TorchLayerOps(reason=f"native layer ops unavailable: {str(error).splitlines()[0]}")
+    reason = unavailable_reason(LIBRARY, SOURCES)
+    if reason is not None:
+        logger.warning("kvserve-platform-cpu: fused layer ops unavailable, using PyTorch's: %s", reason)
+        return TorchLayerOps(reason=f"native layer ops unavailable: {reason.splitlines()[0]}")
     return NativeLayerOps()

@@ -23,7 +23,9 @@ def spec(dtype=torch.bfloat16) -> AttentionSpec:
 
 def test_without_a_compiler_the_pytorch_path_runs_and_kernels_says_why(no_compiler):
     backend = CpuAttentionBackend(spec())
-    assert backend.kernels().startswith("PyTorch fallback (no C++ compiler ('/nonexistent/c++' is not on PATH")
+    assert backend.kernels().startswith(
+        "PyTorch fallback (cannot build kvserve_attention_cpu: no C++ compiler ('/nonexistent/c++' is not on PATH"
+    )
     assert "over gathered blocks" in backend.kernels()
     metadata = backend.build_metadata(build_batch([[1, 2]], [20], [1], 16))
     assert isinstance(metadata, TorchPagedMetadata)
