@@ -120,7 +120,8 @@ class LLMEngine:
     def execution_summary(self) -> str:
         """How steps run: optimization level, eager or compiled (with compile seconds so far), the
         attention backend and the kernels it runs, e.g. ``optimization_level=0 (eager)
-        attention_backend=cpu (decode: SDPA ...) linear_kernel=onednn (...) layer_ops=cpu-native``."""
+        attention_backend=cpu (decode and small prefill chunks: C++ paged kernel ...) linear_kernel=onednn (...)
+        layer_ops=cpu-native (...)``."""
         level = self.config.compilation.optimization_level
         compiled = self.runner.compiled if self.runner is not None else None
         how = compiled.describe() if compiled is not None else "eager" if level == 0 else "compiled on every rank"
@@ -394,28 +395,27 @@ class LLMEngine:
                 rows.append(row)
         return owners, rows
 
-    def _state_id(self, request: Request) -> str | None:
-        """The id of the request (all its sequences) that ``request`` is a sequence of, if live."""
-        entry = self.sequences.get(request.request_id)
-        return None if entry is None else entry[0].request_id
-
     def _update(
         self, plan: SchedulerOutput, step: StepLogits, owners: list[Request], sampled: SamplerOutput
     ) -> dict[str, RequestState]:
         """Book the sampled tokens: failed requests first, then forks, the scheduler, the outputs."""
         changed: dict[str, RequestState] = {}
-        failing = {self._state_id(owners[row]) for row in sampled.errors} - {None}
-        for item in plan.scheduled:
-            # The forward ran: a failing request's chunk holds its KV, which a request admitted in
-            # this step may already share (a common prefix). Counted as computed, its blocks are
-            # freed as cached ones, not as blocks of a step that never ran.
-            if failing and self._state_id(item.request) in failing:
-                item.request.num_computed_tokens += item.num_tokens
+        failing: dict[str, tuple[RequestState, str]] = {}  # state id -> (state, its first sequence's error)
         for row, error in sampled.errors.items():
             entry = self.sequences.get(owners[row].request_id)
-            if entry is not None:  # else another of its sequences failed it already
-                self._fail(entry[0], error)
-                changed[entry[0].request_id] = entry[0]
+            if entry is not None:
+                failing.setdefault(entry[0].request_id, (entry[0], error))
+        if failing:
+            for item in plan.scheduled:
+                # The forward ran: a failing request's chunk holds its KV, which a request admitted in
+                # this step may already share (a common prefix). Counted as computed, its blocks are
+                # freed as cached ones, not as blocks of a step that never ran.
+                entry = self.sequences.get(item.request.request_id)
+                if entry is not None and entry[0].request_id in failing:
+                    item.request.num_computed_tokens += item.num_tokens
+        for state, error in failing.values():
+            self._fail(state, error)
+            changed[state.request_id] = state
         self._record_prompt_logprobs(plan, step)
         tokens = dict(zip(map(id, owners), sampled.tokens))
         logprobs = dict(zip(map(id, owners), sampled.logprobs or [None] * len(owners)))
