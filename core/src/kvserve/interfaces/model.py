@@ -18,7 +18,8 @@ class Model(Protocol):
 
     Build it with core layers (``kvserve.layers``): ``ColumnLinear`` / ``RowLinear`` /
     ``MergedColumnLinear`` (never slicing fused shards itself), ``RMSNorm`` (which takes the
-    residual, ``hidden, residual = norm(hidden, residual)``, so a platform fuses the add),
+    residual, ``hidden, residual = norm(hidden, residual)``, so a platform fuses the add; its
+    ``add_and_norm`` where the stream starts at the first layer),
     ``RotaryEmbedding``, ``SiluAndMul`` and ``PagedAttention``, which calls the engine's attention
     backend; ``load_checkpoint`` loads the weight stream into them.
     The engine constructs it on the target device with the default dtype already set.

@@ -16,7 +16,8 @@ class RMSNorm(LayerOpsModule):
 
     ``norm(x)`` returns the normalized ``x``; ``norm(x, residual)`` adds ``x`` to the residual
     stream first and returns ``(norm(residual + x), residual + x)`` (vLLM's fused residual: a
-    decoder layer's add and the next norm are one op where the platform has it).
+    decoder layer's add and the next norm are one op where the platform has it);
+    :meth:`add_and_norm` is the latter where the stream may not have started yet.
     """
 
     def __init__(self, hidden_size: int, eps: float, weight_offset: float = 0.0) -> None:
@@ -32,3 +33,10 @@ class RMSNorm(LayerOpsModule):
         if residual is None:
             return self.ops.rms_norm(x, self.weight, self.eps, self.weight_offset)
         return self.ops.fused_add_rms_norm(x, residual, self.weight, self.eps, self.weight_offset)
+
+    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``norm(x, residual)``; with ``residual`` None (a decoder's first layer, ``x`` the embedding,
+        where the stream starts) ``(norm(x), x)``."""
+        if residual is None:
+            return self(x), x
+        return self(x, residual)

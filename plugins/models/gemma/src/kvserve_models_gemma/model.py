@@ -134,10 +134,7 @@ class GemmaDecoderLayer(torch.nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(post-normed mlp output, residual)``; ``residual`` is None for the first layer (``hidden``
         is the scaled embedding), else the stream the previous layer returned beside its output."""
-        if residual is None:
-            hidden, residual = self.input_layernorm(hidden), hidden
-        else:
-            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden, residual = self.input_layernorm.add_and_norm(hidden, residual)
         hidden = self.post_attention_layernorm(self.self_attn(positions, hidden, ctx))
         hidden, residual = self.pre_feedforward_layernorm(hidden, residual)
         return self.post_feedforward_layernorm(self.mlp(hidden)), residual

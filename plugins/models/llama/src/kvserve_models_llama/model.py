@@ -117,10 +117,7 @@ class LlamaDecoderLayer(torch.nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(mlp output, residual)``; ``residual`` is None for the first layer (``hidden`` is the
         embedding), else the stream the previous layer returned beside its output."""
-        if residual is None:
-            hidden, residual = self.input_layernorm(hidden), hidden
-        else:
-            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden, residual = self.input_layernorm.add_and_norm(hidden, residual)
         hidden = self.self_attn(positions, hidden, ctx)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
