@@ -43,12 +43,11 @@ def split_sequences(batch: AttentionBatch, window: int | None) -> tuple[list[int
     the model's layers (None: some layer has none), which bounds the keys a row sees."""
     kernel, sdpa = [], []
     for i, (q_len, seq_len) in enumerate(zip(batch.query_lens_host, batch.seq_lens_host)):
-        context = seq_len - q_len
-        pairs = q_len * (context + (q_len + 1) / 2)
-        if window is not None:
-            pairs = min(pairs, q_len * window)
         if q_len == 0:
             continue
+        pairs = q_len * (seq_len - q_len + (q_len + 1) / 2)  # context keys, then causal within the chunk
+        if window is not None:
+            pairs = min(pairs, q_len * window)
         (kernel if q_len == 1 or pairs <= KERNEL_MAX_PAIRS else sdpa).append(i)
     return kernel, sdpa
 

@@ -201,7 +201,8 @@ def grouped_decode_attention(q, keys, values, mask: torch.Tensor, scale: float) 
 
 
 def soft_capped_attention(q, keys, values, mask: torch.Tensor, scale: float, cap: float) -> torch.Tensor:
-    """Attention with scores ``cap * tanh(q·k * scale / cap)``, in float32; shapes and mask as in ``attend``."""
+    """Attention with scores ``cap * tanh(q·k * scale / cap)``, in float32; shapes and mask as in
+    :meth:`TorchPagedBackend._attend`."""
     n, heads, q_len, head_dim = q.shape
     kv_heads = keys.shape[1]
     group = heads // kv_heads  # query head h reads KV head h // group
