@@ -9,10 +9,14 @@
 // kv_cache is (2, num_blocks, block_size, kv_heads, head_dim), K then V, read where it lies: no
 // gather, no padding to the longest sequence. Scores, softmax and the output accumulate in float32
 // for float32, bfloat16 and float16 inputs (two passes: the scores of a query row's visible keys are
-// kept in a per-thread buffer). The query heads of one GQA group share each K/V row they read (it
-// is converted to float32 once). Work is one (sequence, KV head, query rows) item, or, for a long
-// decode, a slice of its keys merged afterwards (flash-decoding), so that two threads get even
-// shares; items are handed out largest first from a shared counter on torch's intra-op pool.
+// kept in a per-thread buffer). Work is one (sequence, query rows) item over every head, or, for a
+// long decode, a slice of its keys merged afterwards (flash-decoding), so that two threads get even
+// shares; items are handed out largest first from a shared counter on torch's intra-op pool. An
+// item walks each cache block's token rows (all KV heads) front to back, prefetching the next tile.
+// With AVX-512 (float32; bfloat16 q·k also needs AVX512-BF16) and a head size of
+// 64, 128 or 256 (compiled in), q·k runs 16 keys at a time with one transpose-add reduction, and p·V keeps a GQA group's
+// accumulators in registers so each value row is converted once for the group; other dtypes, head
+// sizes and CPUs take portable loops the compiler vectorizes.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -93,28 +97,94 @@ inline float soft_capped(float x, float cap) {
   return std::copysign(cap * (1.f - 2.f / (e + 1.f)), x);
 }
 
-// q · k of two bfloat16 rows of HEAD_DIM (a multiple of 32) in float32, without converting them:
-// AVX512-BF16's vdpbf16ps multiplies bf16 pairs exactly in float32 and accumulates.
+// AVX512-BF16's vdpbf16ps multiplies bf16 pairs exactly in float32 and accumulates: q · k without
+// converting either row.
 #if defined(__AVX512BF16__)
 constexpr bool kHaveBf16Dot = true;
-template <int HEAD_DIM>
-inline float dot_bf16(const c10::BFloat16* q, const c10::BFloat16* k) {
-  __m512 acc = _mm512_setzero_ps();
-  for (int d = 0; d < HEAD_DIM; d += 32)
-    acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(q + d), (__m512bh)_mm512_loadu_si512(k + d));
-  return _mm512_reduce_add_ps(acc);
-}
 #else
 constexpr bool kHaveBf16Dot = false;
-template <int HEAD_DIM>
-inline float dot_bf16(const c10::BFloat16*, const c10::BFloat16*) { return 0.f; }  // never called
+#endif
+
+// ---- AVX-512 building blocks (the portable loops below serve everything else) ----
+
+#if defined(__AVX512F__)
+constexpr bool kHaveAvx512 = true;
+
+// Sixteen vectors in, one out: lane t holds the sum of the lanes of acc[t] (a transpose-add tree,
+// 45 shuffles and adds for 16 dot products instead of 16 horizontal reductions).
+inline __m512 sum_each16(const __m512* acc) {
+  __m512 t[8], u[4], v[2];
+  for (int k = 0; k < 8; ++k)  // per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3] of the pair (a, b)
+    t[k] = _mm512_add_ps(_mm512_unpacklo_ps(acc[2 * k], acc[2 * k + 1]), _mm512_unpackhi_ps(acc[2 * k], acc[2 * k + 1]));
+  for (int k = 0; k < 4; ++k)  // per 128-bit lane: that lane's sum of each of 4 vectors
+    u[k] = _mm512_add_ps(_mm512_shuffle_ps(t[2 * k], t[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(t[2 * k], t[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  for (int k = 0; k < 2; ++k)  // then across the 128-bit lanes
+    v[k] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * k], u[2 * k + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(u[2 * k], u[2 * k + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(v[0], v[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(v[0], v[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// 16 float32 of a row of T (bfloat16: the top half of a float32).
+inline __m512 load16(const float* x) { return _mm512_loadu_ps(x); }
+inline __m512 load16(const c10::BFloat16* x) {
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+
+// The (unscaled) dot products of query row q with 16 key rows, one per lane; HEAD_DIM % 32 == 0.
+template <typename T, int HEAD_DIM>
+inline __m512 dots16(const T* q, const T* const* keys) {
+  __m512 acc[16];
+#pragma GCC unroll 16
+  for (int t = 0; t < 16; ++t) {
+    acc[t] = _mm512_setzero_ps();
+    if constexpr (std::is_same_v<T, c10::BFloat16> && kHaveBf16Dot) {  // bf16 pairs, exact products
+#pragma GCC unroll 8
+      for (int d = 0; d < HEAD_DIM; d += 32)
+        acc[t] = _mm512_dpbf16_ps(acc[t], (__m512bh)_mm512_loadu_si512(q + d), (__m512bh)_mm512_loadu_si512(keys[t] + d));
+    } else {
+#pragma GCC unroll 16
+      for (int d = 0; d < HEAD_DIM; d += 16) acc[t] = _mm512_fmadd_ps(load16(q + d), load16(keys[t] + d), acc[t]);
+    }
+  }
+  return sum_each16(acc);
+}
+
+// acc[g][0..HEAD_DIM) = sum_j probs[g * stride + j] * v_j for the GROUP heads of one KV head, where
+// v_j = values[j] + offset (a row of HEAD_DIM, a multiple of 64). The 64-wide column strips keep
+// GROUP x 4 accumulators in registers and convert each value row once for all GROUP heads.
+template <typename T, int HEAD_DIM, int GROUP>
+inline void weighted_values(const T* const* values, int64_t offset, int64_t n, const float* probs, int64_t stride,
+                            float* acc_out) {
+  for (int d0 = 0; d0 < HEAD_DIM; d0 += 64) {
+    __m512 acc[GROUP][4];
+    for (int g = 0; g < GROUP; ++g)
+      for (int c = 0; c < 4; ++c) acc[g][c] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < n; ++j) {
+      const T* v = values[j] + offset + d0;
+      const __m512 v0 = load16(v), v1 = load16(v + 16), v2 = load16(v + 32), v3 = load16(v + 48);
+      for (int g = 0; g < GROUP; ++g) {
+        const __m512 w = _mm512_set1_ps(probs[g * stride + j]);
+        acc[g][0] = _mm512_fmadd_ps(w, v0, acc[g][0]);
+        acc[g][1] = _mm512_fmadd_ps(w, v1, acc[g][1]);
+        acc[g][2] = _mm512_fmadd_ps(w, v2, acc[g][2]);
+        acc[g][3] = _mm512_fmadd_ps(w, v3, acc[g][3]);
+      }
+    }
+    for (int g = 0; g < GROUP; ++g)
+      for (int c = 0; c < 4; ++c) _mm512_storeu_ps(acc_out + g * HEAD_DIM + d0 + 16 * c, acc[g][c]);
+  }
+}
+#else
+constexpr bool kHaveAvx512 = false;
 #endif
 
 // ---- one unit of work ----
 
 struct Item {
   int64_t seq;      // row of block_tables / seq_lens
-  int64_t kv_head;
   int64_t q_begin;  // query rows of the sequence, relative to its first new token
   int64_t q_end;
   int64_t key_begin;  // a decode's key slice [key_begin, key_end); -1: all visible keys
@@ -136,27 +206,120 @@ struct Problem {
 
 // Scratch of one thread, reused across items.
 struct Scratch {
-  std::vector<float> q, row, scores, acc;
+  std::vector<const void*> keys;  // each visible key's token row (all KV heads) in the cache
+  std::vector<float> q, row, scores, acc, stats;
 };
 
-// Attention of query rows [q_begin, q_end) of one item for the `group` heads of its KV head.
-// Keys [lo, hi) of each row, scores into scratch; writes either out (normalized) or a partial.
-// HEAD_DIM: the head size as a constant (the loops over it unroll), or 0 to read it from p.
+constexpr int64_t kKeyTile = 16;  // keys per dots16 call; score rows are padded to a multiple of it
+constexpr int64_t kPrefetchTiles = 1;  // how far ahead of the scoring the key rows are fetched
+
+// Asks for the cache lines of token rows [from, to) of keys (clipped to n), `offset` elements on.
+// Blocks lie anywhere in the cache, so the hardware's stride prefetchers lose the trail at every
+// block boundary; these hints keep the loads ahead of the arithmetic.
+template <typename T, int HINT>
+inline void prefetch_rows(const T* const* keys, int64_t from, int64_t to, int64_t n, int64_t offset, int64_t row) {
+  for (int64_t j = from; j < std::min(to, n); ++j) {
+    const char* line = reinterpret_cast<const char*>(keys[j] + offset);
+    for (int64_t b = 0; b < row * static_cast<int64_t>(sizeof(T)); b += 64) _mm_prefetch(line + b, static_cast<_mm_hint>(HINT));
+  }
+}
+
+// Scores of query row q_row (all heads) against keys[0..n): sc[h * stride + j], scaled.
+template <typename T, int HEAD_DIM>
+void score_keys(const Problem& p, const T* q_row, const T* const* keys, int64_t n, float* sc, int64_t stride,
+                Scratch& s) {
+  const int64_t D = HEAD_DIM ? HEAD_DIM : p.head_dim;
+  if constexpr (kHaveAvx512 && HEAD_DIM % 32 == 0 && HEAD_DIM > 0 &&
+                (std::is_same_v<T, float> || (std::is_same_v<T, c10::BFloat16> && kHaveBf16Dot))) {
+#if defined(__AVX512F__)
+    const T* tile[kKeyTile];
+    const int64_t row = p.kv_heads * D;
+    prefetch_rows<T, _MM_HINT_T0>(keys, 0, kPrefetchTiles * kKeyTile, n, 0, row);
+    for (int64_t j0 = 0; j0 < n; j0 += kKeyTile) {
+      const int64_t count = std::min(kKeyTile, n - j0);
+      const int64_t ahead = j0 + kPrefetchTiles * kKeyTile;
+      prefetch_rows<T, _MM_HINT_T0>(keys, ahead, ahead + kKeyTile, n, 0, row);
+      for (int64_t kv_head = 0; kv_head < p.kv_heads; ++kv_head) {
+        for (int64_t t = 0; t < kKeyTile; ++t)  // a short tile repeats its last key; those lanes are not stored
+          tile[t] = keys[j0 + std::min(t, count - 1)] + kv_head * D;
+        for (int64_t h = kv_head * p.group; h < (kv_head + 1) * p.group; ++h) {
+          const __m512 dots = _mm512_mul_ps(dots16<T, HEAD_DIM>(q_row + h * p.q_stride_head, tile), _mm512_set1_ps(p.scale));
+          _mm512_mask_storeu_ps(sc + h * stride + j0, static_cast<__mmask16>((1u << count) - 1), dots);
+        }
+      }
+    }
+#endif
+  } else {
+    s.q.resize(D);
+    s.row.resize(D);
+    for (int64_t h = 0; h < p.heads; ++h) {
+      float* qf = s.q.data();
+      to_float(q_row + h * p.q_stride_head, qf, D);
+      const int64_t kv_offset = (h / p.group) * D;
+      for (int64_t j = 0; j < n; ++j) {
+        const float* kf = as_float(keys[j] + kv_offset, s.row.data(), D);
+        float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+        for (int64_t d = 0; d < D; ++d) dot += qf[d] * kf[d];
+        sc[h * stride + j] = dot * p.scale;
+      }
+    }
+  }
+}
+
+// acc[h * D + d] = sum_j sc[h * stride + j] * V_j[h's KV head][d] for every head h.
+template <typename T, int HEAD_DIM>
+void weigh_values(const Problem& p, const T* const* keys, int64_t n, const float* sc, int64_t stride, float* acc,
+                  Scratch& s) {
+  const int64_t D = HEAD_DIM ? HEAD_DIM : p.head_dim;
+  if constexpr (kHaveAvx512 && HEAD_DIM % 64 == 0 && HEAD_DIM > 0 &&
+                (std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>)) {
+#if defined(__AVX512F__)
+    for (int64_t kv_head = 0; kv_head < p.kv_heads; ++kv_head) {
+      const int64_t offset = p.kv_half + kv_head * D;
+      for (int64_t g = 0; g < p.group; g += 4) {  // heads of the group four at a time
+        const int64_t h = kv_head * p.group + g;
+        const float* probs = sc + h * stride;
+        float* out = acc + h * D;
+        switch (std::min<int64_t>(4, p.group - g)) {
+          case 4: weighted_values<T, HEAD_DIM, 4>(keys, offset, n, probs, stride, out); break;
+          case 3: weighted_values<T, HEAD_DIM, 3>(keys, offset, n, probs, stride, out); break;
+          case 2: weighted_values<T, HEAD_DIM, 2>(keys, offset, n, probs, stride, out); break;
+          default: weighted_values<T, HEAD_DIM, 1>(keys, offset, n, probs, stride, out); break;
+        }
+      }
+    }
+#endif
+  } else {
+    s.row.resize(D);
+    std::fill(acc, acc + p.heads * D, 0.f);
+    for (int64_t j = 0; j < n; ++j) {
+      for (int64_t kv_head = 0; kv_head < p.kv_heads; ++kv_head) {
+        const float* vf = as_float(keys[j] + p.kv_half + kv_head * D, s.row.data(), D);  // once for the group
+        for (int64_t h = kv_head * p.group; h < (kv_head + 1) * p.group; ++h) {
+          const float w = sc[h * stride + j];
+          float* ah = acc + h * D;
+#pragma omp simd
+          for (int64_t d = 0; d < D; ++d) ah[d] += w * vf[d];
+        }
+      }
+    }
+  }
+}
+
+// Attention of query rows [q_begin, q_end) of one item, every head. Keys [lo, hi) of each row; writes
+// either out (normalized) or a partial. HEAD_DIM: the head size as a constant (the loops over it
+// unroll and the AVX-512 paths apply), or 0 to read it from p.
 template <typename T, int HEAD_DIM>
 void run_item(const Problem& p, const Item& item, const T* query, const T* kv, T* out, float* partials,
               Scratch& s) {
-  const int64_t D = HEAD_DIM ? HEAD_DIM : p.head_dim, G = p.group;
-  constexpr bool kDotsInInputDtype =
-      kHaveBf16Dot && std::is_same_v<T, c10::BFloat16> && HEAD_DIM % 32 == 0 && HEAD_DIM > 0;
+  const int64_t D = HEAD_DIM ? HEAD_DIM : p.head_dim, H = p.heads;
   const int32_t* table = p.block_tables + item.seq * p.max_blocks;
   const int64_t seq_len = p.seq_lens[item.seq];
   const int64_t q_start = p.query_start[item.seq];
   const int64_t q_len = p.query_start[item.seq + 1] - q_start;
   const int64_t context = seq_len - q_len;
-  const int64_t first_head = item.kv_head * G;
-  s.q.resize(G * D);
-  s.row.resize(D);
-  s.acc.resize(G * D);
+  s.acc.resize(H * D);
 
   for (int64_t i = item.q_begin; i < item.q_end; ++i) {
     const int64_t pos = context + i;
@@ -167,118 +330,78 @@ void run_item(const Problem& p, const Item& item, const T* query, const T* kv, T
       hi = std::min(hi, item.key_end);
     }
     const int64_t n = std::max<int64_t>(hi - lo, 0);
-    s.scores.resize(G * std::max<int64_t>(n, 1));
-    const T* q_row = query + (q_start + i) * p.q_stride_token + first_head * p.q_stride_head;
-    for (int64_t g = 0; g < G; ++g) {
-      float* qg = s.q.data() + g * D;
-      to_float(q_row + g * p.q_stride_head, qg, D);
-#pragma omp simd
-      for (int64_t d = 0; d < D; ++d) qg[d] *= p.scale;
-    }
+    const int64_t stride = (n + kKeyTile - 1) / kKeyTile * kKeyTile;
+    s.scores.resize(H * std::max<int64_t>(stride, 1));
+    s.keys.resize(n);
+    const T** keys = reinterpret_cast<const T**>(s.keys.data());
+    for (int64_t j = lo; j < hi; ++j)
+      keys[j - lo] = kv + table[j / p.block_size] * p.kv_stride_block + (j % p.block_size) * p.kv_stride_token;
+    float* sc = s.scores.data();
 
-    // pass 1: scores of keys lo..hi-1, block by block (a block's rows are kv_stride_token apart)
-    float* row = s.row.data();
-    std::vector<float>& sc = s.scores;
-    for (int64_t j = lo; j < hi;) {
-      const int64_t block = table[j / p.block_size];
-      const int64_t off = j % p.block_size;
-      const int64_t stop = std::min(hi, j + (p.block_size - off));
-      const T* k = kv + block * p.kv_stride_block + off * p.kv_stride_token + item.kv_head * D;
-      for (; j < stop; ++j, k += p.kv_stride_token) {
-        if constexpr (kDotsInInputDtype) {  // unscaled bf16 queries; the scale goes on the score
-          for (int64_t g = 0; g < G; ++g)
-            sc[g * n + (j - lo)] = p.scale * dot_bf16<HEAD_DIM>(reinterpret_cast<const c10::BFloat16*>(q_row + g * p.q_stride_head),
-                                                               reinterpret_cast<const c10::BFloat16*>(k));
-        } else {
-          const float* kf = as_float(k, row, D);  // converted once for the whole group
-          for (int64_t g = 0; g < G; ++g) {
-            const float* qg = s.q.data() + g * D;
-            float dot = 0.f;
-#pragma omp simd reduction(+ : dot)
-            for (int64_t d = 0; d < D; ++d) dot += qg[d] * kf[d];
-            sc[g * n + (j - lo)] = dot;
-          }
-        }
-      }
-    }
+    score_keys<T, HEAD_DIM>(p, query + (q_start + i) * p.q_stride_token, keys, n, sc, stride, s);
 
     // softmax (unnormalized: exp(score - max)); max and sum per head
-    float maxes[64], sums[64];  // group <= 64 is checked by the caller
-    for (int64_t g = 0; g < G; ++g) {
-      float* sg = sc.data() + g * n;
+    s.stats.resize(2 * H);
+    float *maxes = s.stats.data(), *sums = maxes + H;
+    for (int64_t h = 0; h < H; ++h) {
+      float* sh = sc + h * stride;
       if (p.soft_cap > 0.f) {
         const float cap = p.soft_cap;
 #pragma omp simd
-        for (int64_t j = 0; j < n; ++j) sg[j] = soft_capped(sg[j], cap);
+        for (int64_t j = 0; j < n; ++j) sh[j] = soft_capped(sh[j], cap);
       }
       float m = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : m)
-      for (int64_t j = 0; j < n; ++j) m = std::max(m, sg[j]);
+      for (int64_t j = 0; j < n; ++j) m = std::max(m, sh[j]);
       float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
       for (int64_t j = 0; j < n; ++j) {
-        sg[j] = exp_nonpositive(sg[j] - m);
-        sum += sg[j];
+        sh[j] = exp_nonpositive(sh[j] - m);
+        sum += sh[j];
       }
-      maxes[g] = m;
-      sums[g] = sum;
+      maxes[h] = m;
+      sums[h] = sum;
     }
 
-    // pass 2: acc = sum_j p_j * v_j
-    std::fill(s.acc.begin(), s.acc.end(), 0.f);
-    for (int64_t j = lo; j < hi;) {
-      const int64_t block = table[j / p.block_size];
-      const int64_t off = j % p.block_size;
-      const int64_t stop = std::min(hi, j + (p.block_size - off));
-      const T* v = kv + p.kv_half + block * p.kv_stride_block + off * p.kv_stride_token + item.kv_head * D;
-      for (; j < stop; ++j, v += p.kv_stride_token) {
-        const float* vf = as_float(v, row, D);
-        for (int64_t g = 0; g < G; ++g) {
-          const float w = sc[g * n + (j - lo)];
-          float* ag = s.acc.data() + g * D;
-#pragma omp simd
-          for (int64_t d = 0; d < D; ++d) ag[d] += w * vf[d];
-        }
-      }
-    }
+    weigh_values<T, HEAD_DIM>(p, keys, n, sc, stride, s.acc.data(), s);
 
     if (item.partial >= 0) {  // a key slice of a decode: (max, sum, acc) per head, merged later
-      float* part = partials + item.partial * G * (D + 2);
-      for (int64_t g = 0; g < G; ++g) {
-        float* pg = part + g * (D + 2);
-        pg[0] = maxes[g];
-        pg[1] = sums[g];
-        std::memcpy(pg + 2, s.acc.data() + g * D, D * sizeof(float));
+      float* part = partials + item.partial * H * (D + 2);
+      for (int64_t h = 0; h < H; ++h) {
+        float* ph = part + h * (D + 2);
+        ph[0] = maxes[h];
+        ph[1] = sums[h];
+        std::memcpy(ph + 2, s.acc.data() + h * D, D * sizeof(float));
       }
     } else {
-      T* o = out + (q_start + i) * p.out_stride_token + first_head * p.out_stride_head;
-      for (int64_t g = 0; g < G; ++g)
-        from_float(s.acc.data() + g * D, o + g * p.out_stride_head, D, sums[g] > 0.f ? 1.f / sums[g] : 0.f);
+      T* o = out + (q_start + i) * p.out_stride_token;
+      for (int64_t h = 0; h < H; ++h)
+        from_float(s.acc.data() + h * D, o + h * p.out_stride_head, D, sums[h] > 0.f ? 1.f / sums[h] : 0.f);
     }
   }
 }
 
 // Combines a decode's key slices: out = sum_k exp(m_k - M) acc_k / sum_k exp(m_k - M) sum_k.
 template <typename T>
-void merge_slices(const Problem& p, int64_t seq, int64_t kv_head, int64_t first, int64_t count,
-                  const float* partials, T* out, std::vector<float>& acc) {
-  const int64_t D = p.head_dim, G = p.group;
+void merge_slices(const Problem& p, int64_t seq, int64_t first, int64_t count, const float* partials, T* out,
+                  std::vector<float>& acc) {
+  const int64_t D = p.head_dim, H = p.heads;
   acc.resize(D);
   const int64_t token = p.query_start[seq];
-  for (int64_t g = 0; g < G; ++g) {
+  for (int64_t h = 0; h < H; ++h) {
     float m = -std::numeric_limits<float>::infinity();
-    for (int64_t k = 0; k < count; ++k) m = std::max(m, partials[((first + k) * G + g) * (D + 2)]);
+    for (int64_t k = 0; k < count; ++k) m = std::max(m, partials[((first + k) * H + h) * (D + 2)]);
     float sum = 0.f;
     std::fill(acc.begin(), acc.end(), 0.f);
     for (int64_t k = 0; k < count; ++k) {
-      const float* pg = partials + ((first + k) * G + g) * (D + 2);
-      if (pg[1] == 0.f) continue;  // an empty slice
-      const float w = std::exp(pg[0] - m);
-      sum += w * pg[1];
+      const float* ph = partials + ((first + k) * H + h) * (D + 2);
+      if (ph[1] == 0.f) continue;  // an empty slice
+      const float w = std::exp(ph[0] - m);
+      sum += w * ph[1];
 #pragma omp simd
-      for (int64_t d = 0; d < D; ++d) acc[d] += w * pg[2 + d];
+      for (int64_t d = 0; d < D; ++d) acc[d] += w * ph[2 + d];
     }
-    T* o = out + token * p.out_stride_token + (kv_head * G + g) * p.out_stride_head;
+    T* o = out + token * p.out_stride_token + h * p.out_stride_head;
     from_float(acc.data(), o, D, sum > 0.f ? 1.f / sum : 0.f);
   }
 }
@@ -316,7 +439,6 @@ void paged_attention_out(at::Tensor& out, const at::Tensor& query, const at::Ten
   p.head_dim = query.size(2);
   TORCH_CHECK(kv_cache.size(4) == p.head_dim && p.heads % p.kv_heads == 0, "head sizes or head counts disagree");
   p.group = p.heads / p.kv_heads;
-  TORCH_CHECK(p.group <= 64, "at most 64 query heads per KV head");
   p.block_size = kv_cache.size(2);
   p.max_blocks = block_tables.size(1);
   p.q_stride_token = query.stride(0);
@@ -333,15 +455,14 @@ void paged_attention_out(at::Tensor& out, const at::Tensor& query, const at::Ten
   p.seq_lens = seq_lens.data_ptr<int32_t>();
   p.query_start = query_start_loc.data_ptr<int32_t>();
 
-  // plan: query tiles for prefills; decodes whole, or in key slices when there are too few items
+  // plan: query tiles for prefills; decodes whole, or in key slices when there are too few of them
   const int32_t* ids = seq_ids.data_ptr<int32_t>();
   const int64_t num = seq_ids.numel();
   const int64_t threads = at::get_num_threads();
-  int64_t decode_items = 0;
-  for (int64_t k = 0; k < num; ++k)
-    decode_items += (p.query_start[ids[k] + 1] - p.query_start[ids[k]] == 1) ? p.kv_heads : 0;
+  int64_t decodes = 0;
+  for (int64_t k = 0; k < num; ++k) decodes += p.query_start[ids[k] + 1] - p.query_start[ids[k]] == 1;
   std::vector<Item> items;
-  struct Merge { int64_t seq, kv_head, first, count; };
+  struct Merge { int64_t seq, first, count; };
   std::vector<Merge> merges;
   int64_t num_partials = 0;
   for (int64_t k = 0; k < num; ++k) {
@@ -352,32 +473,30 @@ void paged_attention_out(at::Tensor& out, const at::Tensor& query, const at::Ten
                 "sequence ", seq, ": seq_len ", seq_len, " does not fit its query or block table");
     if (q_len == 0) continue;
     const int64_t visible = p.window > 0 ? std::min(seq_len, p.window) : seq_len;
-    for (int64_t h = 0; h < p.kv_heads; ++h) {
-      if (q_len > 1) {
-        for (int64_t q0 = 0; q0 < q_len; q0 += kQueryTile) {
-          const int64_t q1 = std::min(q_len, q0 + kQueryTile);
-          items.push_back({seq, h, q0, q1, -1, -1, -1, visible * (q1 - q0)});
-        }
-        continue;
+    if (q_len > 1) {
+      for (int64_t q0 = 0; q0 < q_len; q0 += kQueryTile) {
+        const int64_t q1 = std::min(q_len, q0 + kQueryTile);
+        items.push_back({seq, q0, q1, -1, -1, -1, visible * (q1 - q0)});
       }
-      // split a decode's keys when the decodes alone cannot keep every thread busy for long
-      const int64_t lo = seq_len - visible;
-      int64_t slices = 1;
-      if (threads > 1 && decode_items < 4 * threads)
-        slices = std::min<int64_t>((4 * threads + decode_items - 1) / decode_items, visible / kMinSliceKeys);
-      if (slices <= 1) {
-        items.push_back({seq, h, 0, 1, -1, -1, -1, visible});
-        continue;
-      }
-      merges.push_back({seq, h, num_partials, slices});
-      for (int64_t s = 0; s < slices; ++s) {
-        const int64_t b = lo + visible * s / slices, e = lo + visible * (s + 1) / slices;
-        items.push_back({seq, h, 0, 1, b, e, num_partials++, e - b});
-      }
+      continue;
+    }
+    // split a decode's keys when the decodes alone cannot keep every thread busy for long
+    const int64_t lo = seq_len - visible;
+    int64_t slices = 1;
+    if (threads > 1 && decodes < 4 * threads)
+      slices = std::min<int64_t>((4 * threads + decodes - 1) / decodes, visible / kMinSliceKeys);
+    if (slices <= 1) {
+      items.push_back({seq, 0, 1, -1, -1, -1, visible});
+      continue;
+    }
+    merges.push_back({seq, num_partials, slices});
+    for (int64_t s = 0; s < slices; ++s) {
+      const int64_t b = lo + visible * s / slices, e = lo + visible * (s + 1) / slices;
+      items.push_back({seq, 0, 1, b, e, num_partials++, e - b});
     }
   }
   std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.cost > b.cost; });
-  std::vector<float> partials(num_partials * p.group * (p.head_dim + 2));
+  std::vector<float> partials(num_partials * p.heads * (p.head_dim + 2));
 
   auto run = [&](auto* tag) {
     using scalar_t = std::remove_pointer_t<decltype(tag)>;
@@ -397,7 +516,7 @@ void paged_attention_out(at::Tensor& out, const at::Tensor& query, const at::Ten
       run_dynamic(static_cast<int64_t>(merges.size()), [&](int64_t i) {
         thread_local std::vector<float> acc;
         const Merge& m = merges[i];
-        merge_slices<scalar_t>(p, m.seq, m.kv_head, m.first, m.count, parts, o, acc);
+        merge_slices<scalar_t>(p, m.seq, m.first, m.count, parts, o, acc);
       });
   };
   switch (query.scalar_type()) {
