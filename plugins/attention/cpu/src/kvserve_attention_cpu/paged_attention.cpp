@@ -13,10 +13,10 @@
 // long decode, a slice of its keys merged afterwards (flash-decoding), so that two threads get even
 // shares; items are handed out largest first from a shared counter on torch's intra-op pool. An
 // item walks each cache block's token rows (all KV heads) front to back, prefetching the next tile.
-// With AVX-512 (float32; bfloat16 q·k also needs AVX512-BF16) and a head size of
-// 64, 128 or 256 (compiled in), q·k runs 16 keys at a time with one transpose-add reduction, and p·V keeps a GQA group's
-// accumulators in registers so each value row is converted once for the group; other dtypes, head
-// sizes and CPUs take portable loops the compiler vectorizes.
+// With AVX-512 (float32; bfloat16 q·k also needs AVX512-BF16) and a head size of 64, 128 or 256
+// (compiled in), q·k runs 16 keys at a time with one transpose-add reduction, and p·V keeps a GQA
+// group's accumulators in registers so each value row is converted once for the group; other
+// dtypes, head sizes and CPUs take portable loops the compiler vectorizes.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
