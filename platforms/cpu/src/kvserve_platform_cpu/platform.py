@@ -63,10 +63,12 @@ class CpuPlatform(Platform):
         torch.manual_seed(seed)
 
     def linear_kernel(self) -> LinearKernel | None:
-        """oneDNN on prepacked weights (float32, and bfloat16 where the CPU has it natively)."""
+        """The C++ AVX-512 GEMM where it runs the dtype (built on first use), else oneDNN on
+        prepacked weights (float32, and bfloat16 where the CPU has it natively)."""
+        from kvserve_platform_cpu.native_linear import native_linear_kernel
         from kvserve_platform_cpu.onednn_linear import onednn_linear_kernel
 
-        return onednn_linear_kernel()
+        return native_linear_kernel(fallback=onednn_linear_kernel())
 
     def layer_ops(self) -> LayerOps | None:
         """Fused C++ RMSNorm, add+RMSNorm, SiLU-and-mul and rotary, built on first use; PyTorch's
