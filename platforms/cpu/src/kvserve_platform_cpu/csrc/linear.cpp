@@ -37,7 +37,7 @@ namespace {
 
 constexpr int64_t kPanel = 48;       // output columns per panel
 constexpr int64_t kRowTile = 8;      // rows per register tile: 8 x 3 accumulators
-constexpr int64_t kChunk = 256;      // k per chunk, whose panel slice (24 KiB bf16) the row tiles share in L1
+constexpr int64_t kChunkBytes = 24 << 10;  // a panel's slice of k that the row tiles share in L1 (half of it)
 constexpr int64_t kRowBlock = 128;   // rows per pass over the panels (bounds the float32 scratch)
 
 bool supports(at::ScalarType dtype) {
@@ -180,19 +180,20 @@ constexpr TileFn<T> kTiles[kRowTile + 1] = {nullptr,        &tile<T, 1>, &tile<T
 template <typename T>
 void run(const T* x, int64_t M, int64_t K, const T* packed, int64_t N, const T* bias, T* out) {
   const int64_t panels = (N + kPanel - 1) / kPanel;
+  constexpr int64_t chunk = kChunkBytes / (kPanel * sizeof(T));  // k per chunk: 256 bfloat16, 128 float32
   at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
     std::vector<float> scratch(std::min(M, kRowBlock) * kPanel);
     // The first chunk of this thread's run: nothing before it prefetched it.
     const char* start = reinterpret_cast<const char*>(packed + p0 * kPanel * K);
-    const int64_t first_bytes = std::min(kChunk, K) * std::min(kPanel, N - p0 * kPanel) * sizeof(T);
+    const int64_t first_bytes = std::min(chunk, K) * std::min(kPanel, N - p0 * kPanel) * sizeof(T);
     for (int64_t b = 0; b < first_bytes; b += 64) _mm_prefetch(start + b, _MM_HINT_T1);
     for (int64_t m0 = 0; m0 < M; m0 += kRowBlock) {
       const int64_t rows = std::min(kRowBlock, M - m0), tiles = (rows + kRowTile - 1) / kRowTile;
       for (int64_t p = p0; p < p1; ++p) {
         const int64_t n0 = p * kPanel, r = std::min(kPanel, N - n0);
         const T* w = packed + n0 * K;
-        for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
-          const int64_t k1 = std::min(K, k0 + kChunk);
+        for (int64_t k0 = 0; k0 < K; k0 += chunk) {
+          const int64_t k1 = std::min(K, k0 + chunk);
           const int64_t ahead = (k1 - k0) * r * sizeof(T);  // bytes from a k to the same k of the next chunk
           for (int64_t t = 0; t < tiles; ++t) {
             const int64_t i0 = m0 + t * kRowTile, n = std::min(kRowTile, M - i0);

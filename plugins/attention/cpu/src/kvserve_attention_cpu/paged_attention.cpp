@@ -31,6 +31,7 @@
 #include <cstring>
 #include <limits>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #if defined(__F16C__) || defined(__AVX512F__)
@@ -320,22 +321,32 @@ void run_item(const Problem& p, const Item& item, const T* query, const T* kv, T
   const int64_t q_len = p.query_start[item.seq + 1] - q_start;
   const int64_t context = seq_len - q_len;
   s.acc.resize(H * D);
-
-  for (int64_t i = item.q_begin; i < item.q_end; ++i) {
+  // Keys [lo, hi) that row i sees; both bounds grow with i, so one pointer per key of the item's
+  // widest range serves every row.
+  const auto visible = [&](int64_t i) {
     const int64_t pos = context + i;
-    int64_t lo = p.window > 0 ? std::max<int64_t>(0, pos - p.window + 1) : 0;
-    int64_t hi = pos + 1;
+    int64_t lo = p.window > 0 ? std::max<int64_t>(0, pos - p.window + 1) : 0, hi = pos + 1;
     if (item.key_begin >= 0) {
       lo = std::max(lo, item.key_begin);
       hi = std::min(hi, item.key_end);
     }
-    const int64_t n = std::max<int64_t>(hi - lo, 0);
+    return std::make_pair(lo, std::max(lo, hi));
+  };
+  const int64_t first = visible(item.q_begin).first, last = visible(item.q_end - 1).second;
+  s.keys.resize(last - first);
+  const T** keys_from_first = reinterpret_cast<const T**>(s.keys.data());
+  for (int64_t j = first; j < last;) {  // block by block: no division per key
+    const T* row = kv + table[j / p.block_size] * p.kv_stride_block + (j % p.block_size) * p.kv_stride_token;
+    for (const int64_t end = std::min(last, (j / p.block_size + 1) * p.block_size); j < end; ++j, row += p.kv_stride_token)
+      keys_from_first[j - first] = row;
+  }
+
+  for (int64_t i = item.q_begin; i < item.q_end; ++i) {
+    const auto [lo, hi] = visible(i);
+    const int64_t n = hi - lo;
     const int64_t stride = (n + kKeyTile - 1) / kKeyTile * kKeyTile;
     s.scores.resize(H * std::max<int64_t>(stride, 1));
-    s.keys.resize(n);
-    const T** keys = reinterpret_cast<const T**>(s.keys.data());
-    for (int64_t j = lo; j < hi; ++j)
-      keys[j - lo] = kv + table[j / p.block_size] * p.kv_stride_block + (j % p.block_size) * p.kv_stride_token;
+    const T* const* keys = keys_from_first + (lo - first);
     float* sc = s.scores.data();
 
     score_keys<T, HEAD_DIM>(p, query + (q_start + i) * p.q_stride_token, keys, n, sc, stride, s);
