@@ -1,5 +1,9 @@
 """oneDNN matmul on weights reordered once into its blocked layout (what inductor's freezing does).
 
+The CPU platform's fallback: dtypes the AVX-512 kernel (``native_linear.py``) does not run, CPUs
+without AVX-512, bfloat16 on CPUs with AMX (oneDNN's tile kernels), and machines where the native
+kernel cannot be built.
+
 ``F.linear`` re-lays the weight out on every call (bfloat16, through oneDNN) or runs MKL's
 sgemm (float32), which on AMD CPUs takes a generic code path; a weight reordered once for
 oneDNN's AVX-512 kernels measured 1.1-3.8x faster on every projection of the 125M Llama and
