@@ -134,6 +134,33 @@ inline __m512 load16(const c10::BFloat16* x) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
 }
 
+// exp_nonpositive and soft_capped on 16 lanes (GCC does not vectorize the scalar versions' floor).
+inline __mmask16 lanes_below(int64_t count) {
+  return count >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << count) - 1);
+}
+
+inline __m512 exp_nonpositive16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
+  const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693145751953125f), x);
+  r = _mm512_fnmadd_ps(k, _mm512_set1_ps(1.428606765330187e-06f), r);
+  __m512 poly = _mm512_set1_ps(0.0013888889f);
+  for (const float c : {0.008333334f, 0.041666668f, 0.16666667f, 0.5f, 1.f, 1.f})
+    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(c));
+  return _mm512_scalef_ps(poly, k);  // poly * 2^k
+}
+
+inline __m512 soft_capped16(__m512 x, float cap) {
+  const __m512 magnitude = _mm512_abs_ps(x);
+  const __m512 a = _mm512_min_ps(_mm512_mul_ps(magnitude, _mm512_set1_ps(2.f / cap)), _mm512_set1_ps(80.f));
+  const __m512 e = _mm512_div_ps(_mm512_set1_ps(1.f), exp_nonpositive16(_mm512_sub_ps(_mm512_setzero_ps(), a)));
+  const __m512 y = _mm512_mul_ps(_mm512_set1_ps(cap), _mm512_sub_ps(_mm512_set1_ps(1.f),
+                                 _mm512_div_ps(_mm512_set1_ps(2.f), _mm512_add_ps(e, _mm512_set1_ps(1.f)))));
+  // the sign of x onto y (y >= 0)
+  return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(y), _mm512_and_si512(_mm512_castps_si512(x),
+                             _mm512_set1_epi32(static_cast<int32_t>(0x80000000u)))));
+}
+
 // The (unscaled) dot products of query row q with 16 key rows, one per lane; HEAD_DIM % 32 == 0.
 template <typename T, int HEAD_DIM>
 inline __m512 dots16(const T* q, const T* const* keys) {
@@ -245,7 +272,7 @@ void score_keys(const Problem& p, const T* q_row, const T* const* keys, int64_t 
           tile[t] = keys[j0 + std::min(t, count - 1)] + kv_head * D;
         for (int64_t h = kv_head * p.group; h < (kv_head + 1) * p.group; ++h) {
           const __m512 dots = _mm512_mul_ps(dots16<T, HEAD_DIM>(q_row + h * p.q_stride_head, tile), _mm512_set1_ps(p.scale));
-          _mm512_mask_storeu_ps(sc + h * stride + j0, static_cast<__mmask16>((1u << count) - 1), dots);
+          _mm512_mask_storeu_ps(sc + h * stride + j0, lanes_below(count), dots);
         }
       }
     }
@@ -308,6 +335,49 @@ void weigh_values(const Problem& p, const T* const* keys, int64_t n, const float
   }
 }
 
+// scores[0..n) -> exp(score - max) in place (after the soft cap, if any); their max and sum out.
+inline void softmax_unnormalized(float* scores, int64_t n, float soft_cap, float& max_out, float& sum_out) {
+#if defined(__AVX512F__)
+  const __m512 lowest = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __m512 m = lowest;
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 in = lanes_below(n - j);
+    __m512 x = _mm512_maskz_loadu_ps(in, scores + j);
+    if (soft_cap > 0.f) {
+      x = soft_capped16(x, soft_cap);
+      _mm512_mask_storeu_ps(scores + j, in, x);
+    }
+    m = _mm512_mask_max_ps(m, in, m, x);
+  }
+  const float top = _mm512_reduce_max_ps(m);
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 in = lanes_below(n - j);
+    const __m512 e = exp_nonpositive16(_mm512_sub_ps(_mm512_maskz_loadu_ps(in, scores + j), _mm512_set1_ps(top)));
+    _mm512_mask_storeu_ps(scores + j, in, e);
+    sum = _mm512_mask_add_ps(sum, in, sum, e);
+  }
+  max_out = top;
+  sum_out = _mm512_reduce_add_ps(sum);
+#else
+  if (soft_cap > 0.f) {
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) scores[j] = soft_capped(scores[j], soft_cap);
+  }
+  float m = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : m)
+  for (int64_t j = 0; j < n; ++j) m = std::max(m, scores[j]);
+  float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < n; ++j) {
+    scores[j] = exp_nonpositive(scores[j] - m);
+    sum += scores[j];
+  }
+  max_out = m;
+  sum_out = sum;
+#endif
+}
+
 // Attention of query rows [q_begin, q_end) of one item, every head. Keys [lo, hi) of each row; writes
 // either out (normalized) or a partial. HEAD_DIM: the head size as a constant (the loops over it
 // unroll and the AVX-512 paths apply), or 0 to read it from p.
@@ -351,28 +421,9 @@ void run_item(const Problem& p, const Item& item, const T* query, const T* kv, T
 
     score_keys<T, HEAD_DIM>(p, query + (q_start + i) * p.q_stride_token, keys, n, sc, stride, s);
 
-    // softmax (unnormalized: exp(score - max)); max and sum per head
     s.stats.resize(2 * H);
     float *maxes = s.stats.data(), *sums = maxes + H;
-    for (int64_t h = 0; h < H; ++h) {
-      float* sh = sc + h * stride;
-      if (p.soft_cap > 0.f) {
-        const float cap = p.soft_cap;
-#pragma omp simd
-        for (int64_t j = 0; j < n; ++j) sh[j] = soft_capped(sh[j], cap);
-      }
-      float m = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : m)
-      for (int64_t j = 0; j < n; ++j) m = std::max(m, sh[j]);
-      float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-      for (int64_t j = 0; j < n; ++j) {
-        sh[j] = exp_nonpositive(sh[j] - m);
-        sum += sh[j];
-      }
-      maxes[h] = m;
-      sums[h] = sum;
-    }
+    for (int64_t h = 0; h < H; ++h) softmax_unnormalized(sc + h * stride, n, p.soft_cap, maxes[h], sums[h]);
 
     weigh_values<T, HEAD_DIM>(p, keys, n, sc, stride, s.acc.data(), s);
 
