@@ -122,6 +122,12 @@ def test_weights_it_does_not_run_stay_dense(weight):
         assert NativeLinearKernel(kernel.dtypes, onednn).pack(weight) is None
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_weight_without_in_features_stays_dense(dtype):
+    # The op cannot take x with no features (it raises on every call); F.linear gives the bias.
+    assert kernel.pack(torch.randn(8, 0).to(dtype)) is None
+
+
 @pytest.mark.skipif(
     onednn is None or torch.bfloat16 not in onednn.dtypes, reason="oneDNN has no native bfloat16 on this CPU"
 )
