@@ -14,10 +14,16 @@ from kvserve.cli import app, bench  # noqa: F401  (registers the commands)
 from kvserve.config import EngineConfig
 from kvserve.engine.compilation import token_buckets
 from kvserve.errors import ConfigError
-from kvserve.layers import LinearBase
+from kvserve.layers import LinearBase, PackedLinearMethod
 from kvserve.testing.hf_models import build_tiny_model
 from kvserve_attention_cpu import native_kernel
-from kvserve_platform_cpu.onednn_linear import onednn_linear_kernel
+from kvserve_platform_cpu.platform import CpuPlatform
+
+# The op each kernel of the CPU platform calls from compiled graphs (on the float32 these tests use).
+KERNEL_OPS = {
+    "avx512": "torch.ops.kvserve_cpu_linear.linear.default(",
+    "onednn": "torch.ops.kvserve_cpu.onednn_linear.default(",
+}
 
 PROMPTS = ["Paris is the capital of", "0123456789", "Paged attention stores keys and values"]
 NEW_TOKENS = 12
@@ -99,14 +105,18 @@ def test_compiled_greedy_tokens_match_hf_in_fp32_on_packed_weights(level, tiny_l
     assert f"optimization_level={level} (compiled: inductor" in log
     assert "kvserve compile: 32-token graph" in log
     assert any(tmp_path.rglob("*.py")), "inductor wrote no cache under compile_cache_dir"
-    if onednn_linear_kernel() is not None:
-        # The graphs ran the CPU platform's packed GEMM: every dense layer's weight is oneDNN's
-        # packed tensor, and inductor's generated code calls the opaque op on it.
+    kernel = CpuPlatform().linear_kernel()
+    if kernel is not None:
+        # The graphs ran the CPU platform's packed GEMM: every dense layer computes through its
+        # kernel on the packed weight, and inductor's generated code calls the kernel's opaque op.
         linears = [m for m in llm.engine.model.modules() if isinstance(m, LinearBase)]
-        assert linears and all(m.weight.is_mkldnn for m in linears)
-        assert f"linear_kernel=onednn ({len(linears)}/{len(linears)} linear layers + lm_head)" in log
+        assert linears and all(
+            isinstance(m.quant_method, PackedLinearMethod) and m.quant_method.kernel.name == kernel.name
+            for m in linears
+        )
+        assert f"linear_kernel={kernel.name} ({len(linears)}/{len(linears)} linear layers + lm_head)" in log
         code = "\n".join(path.read_text() for path in tmp_path.rglob("*.py"))
-        assert code.count("torch.ops.kvserve_cpu.onednn_linear.default(") == len(linears) * 2  # two graphs
+        assert code.count(KERNEL_OPS[kernel.name]) == len(linears) * 2  # two graphs
 
 
 def test_start_up_line_and_bench_name_level_and_kernels(tiny_llama, startup_lines):

@@ -4,19 +4,27 @@ products, and says on its start-up line which kernel ran."""
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
+from safetensors.torch import load_file
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from kvserve import LLM
 from kvserve.layers import LinearBase, PackedLinearMethod, UnquantizedLinearMethod, pack_linear_weights
 from kvserve.loader import open_model
 from kvserve.plugins import load_component
 from kvserve.testing.hf_models import build_tiny_model
-from kvserve_platform_cpu.onednn_linear import onednn_linear_kernel
 from kvserve_platform_cpu.platform import CpuPlatform
 
-kernel = onednn_linear_kernel()
-pytestmark = pytest.mark.skipif(kernel is None, reason="this torch build has no oneDNN (mkldnn)")
+kernel = CpuPlatform().linear_kernel()
+pytestmark = pytest.mark.skipif(kernel is None, reason="the CPU platform offers no linear kernel here")
+
+
+def packs(dtype: torch.dtype) -> bool:
+    """Whether the platform's kernel (or its fallback) takes weights of ``dtype``."""
+    return kernel.pack(torch.zeros(8, 8, dtype=dtype)) is not None
 
 
 @pytest.fixture(scope="module", params=["untied", "tied"])
@@ -43,26 +51,37 @@ def test_engine_packs_every_dense_layer_and_the_lm_head(model_path, startup_line
     llm = LLM(str(model_path), dtype="float32", max_model_len=64, num_kv_blocks=16)
     model = llm.engine.model
     linears = [m for m in model.modules() if isinstance(m, LinearBase)]
-    assert linears and all(isinstance(m.quant_method, PackedLinearMethod) for m in linears)
-    # The packed weight took the dense one's place: no dense copy of any weight is left.
-    assert all(m.weight.is_mkldnn and m.weight.shape == (m.output_size, m.input_size) for m in linears)
-    head, embedding = model.lm_head, model.model.embed_tokens
-    assert head.packed_head is not None and head.packed_head.is_mkldnn
-    if head is embedding:  # tied: the token embedding still reads the dense matrix
-        assert not embedding.weight.is_mkldnn and embedding.weight.shape == head.packed_head.shape
+    assert linears and all(
+        isinstance(m.quant_method, PackedLinearMethod) and m.quant_method.kernel.name == kernel.name for m in linears
+    )
+    # The packed weight took the dense one's place (in the seam's shape and dtype).
+    assert all(m.weight.shape == (m.output_size, m.input_size) and m.weight.dtype == torch.float32 for m in linears)
+    head, embedding, config = model.lm_head, model.model.embed_tokens, model.hf_config
+    assert head.packed_head is not None and head.packed_head.shape == (config.vocab_size, config.hidden_size)
+    if head is embedding:  # tied: the token embedding still reads the dense matrix, as the checkpoint has it
+        checkpoint = load_file(model_path / "model.safetensors")
+        assert torch.equal(embedding.weight, checkpoint["model.embed_tokens.weight"])
+        assert embedding.weight is not head.packed_head
     else:
         assert head.weight.numel() == 0 and embedding.packed_head is None
     line = next(m for m in startup_lines if m.startswith("kvserve engine:"))
-    assert f"linear_kernel=onednn ({len(linears)}/{len(linears)} linear layers + lm_head)" in line
+    assert f"linear_kernel={kernel.name} ({len(linears)}/{len(linears)} linear layers + lm_head)" in line
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_packed_layers_compute_what_the_dense_ones_did(model_path, dtype):
-    if dtype not in kernel.dtypes:
-        pytest.skip(f"oneDNN does not run {dtype} natively on this CPU")
+    if not packs(dtype):
+        pytest.skip(f"the platform's {kernel.name} kernel does not run {dtype} on this CPU")
     dense, packed = dense_model(model_path, dtype), dense_model(model_path, dtype)
+    linear_storage = [StorageWeakRef(m.weight.untyped_storage()) for m in packed.modules() if isinstance(m, LinearBase)]
+    head_storage = StorageWeakRef(packed.lm_head.weight.untyped_storage())
+    tied = packed.lm_head is packed.model.embed_tokens
     report = pack_linear_weights(packed, kernel)
     assert report.packed_layers > 0 and report.dense_layers == 0 and report.lm_head
+    # The dense weights were freed; a tied head's stays, for the token embedding.
+    gc.collect()
+    assert all(ref.expired() for ref in linear_storage)
+    assert head_storage.expired() is not tied
     gen = torch.Generator().manual_seed(0)
     tolerance = {} if dtype == torch.bfloat16 else {"rtol": 1e-5, "atol": 1e-5}
     layers = dict(packed.named_modules())
@@ -89,14 +108,21 @@ def test_layers_of_another_method_and_dtypes_the_kernel_declines_stay_dense(mode
     mlp.down_proj.quant_method = SubclassedMethod()
     float16_layer = mlp.up_proj
     float16_layer.weight.data = float16_layer.weight.data.half()
+    kept = {"down": mlp.down_proj.weight, "float16": float16_layer.weight}
+    kept_values = {key: weight.detach().clone() for key, weight in kept.items()}
     report = pack_linear_weights(model, kernel)
-    assert not mlp.down_proj.weight.is_mkldnn and isinstance(mlp.down_proj.quant_method, SubclassedMethod)
-    assert not float16_layer.weight.is_mkldnn and type(float16_layer.quant_method) is UnquantizedLinearMethod
+    # Both keep their own parameter, untouched, and their method.
+    assert mlp.down_proj.weight is kept["down"] and isinstance(mlp.down_proj.quant_method, SubclassedMethod)
+    assert float16_layer.weight is kept["float16"] and type(float16_layer.quant_method) is UnquantizedLinearMethod
+    assert all(torch.equal(kept[key], kept_values[key]) for key in kept)
+    assert isinstance(mlp.gate_proj.quant_method, PackedLinearMethod)
     assert report.dense_layers == 1 and "linear layers + lm_head" in str(report)
 
 
 def test_no_kernel_leaves_f_linear(model_path, monkeypatch, startup_lines):
     monkeypatch.setattr(CpuPlatform, "linear_kernel", lambda self: None)
     llm = LLM(str(model_path), dtype="float32", max_model_len=64, num_kv_blocks=16)
-    assert all(not m.weight.is_mkldnn for m in llm.engine.model.modules() if isinstance(m, LinearBase))
+    linears = [m for m in llm.engine.model.modules() if isinstance(m, LinearBase)]
+    assert linears and all(type(m.quant_method) is UnquantizedLinearMethod for m in linears)
+    assert llm.engine.model.lm_head.packed_head is None
     assert "linear_kernel=F.linear " in next(m for m in startup_lines if m.startswith("kvserve engine:"))

@@ -33,8 +33,8 @@ SOURCES = (Path(__file__).parent / "csrc" / "linear.cpp",)
 
 class NativeLinearKernel(LinearKernel):
     """``dtypes`` on the C++ kernel; weights of other dtypes go to ``fallback`` (or stay on
-    ``F.linear`` without one). A weight of the kernel's dtypes that it cannot take (bfloat16 with
-    an odd ``in_features``) stays on ``F.linear``."""
+    ``F.linear`` without one). A weight of the kernel's dtypes that it cannot take (no
+    ``in_features``, or bfloat16 with an odd number) stays on ``F.linear``."""
 
     name = "avx512"
 
@@ -47,7 +47,8 @@ class NativeLinearKernel(LinearKernel):
     def pack(self, weight: torch.Tensor) -> torch.Tensor | None:
         if weight.dtype not in self.dtypes:
             return None if self.fallback is None else self.fallback.pack(weight)
-        if weight.device.type != "cpu" or weight.dim() != 2:
+        # The op cannot view an empty x as rows of zero features (it raises), so K = 0 stays dense.
+        if weight.device.type != "cpu" or weight.dim() != 2 or weight.shape[1] == 0:
             return None
         if weight.dtype == torch.bfloat16 and weight.shape[1] % 2:
             return None
@@ -80,7 +81,9 @@ def native_linear_kernel(fallback: LinearKernel | None) -> LinearKernel | None:
     ops = getattr(torch.ops, LIBRARY)
     amx = "amx_bf16" in cpu_name_and_flags()[1]
     dtypes = frozenset(
-        dtype for dtype in (torch.float32, torch.bfloat16) if ops.supports(dtype) and not (amx and dtype == torch.bfloat16)
+        dtype
+        for dtype in (torch.float32, torch.bfloat16)
+        if ops.supports(dtype) and not (amx and dtype == torch.bfloat16)
     )
     if not dtypes:
         return fallback
