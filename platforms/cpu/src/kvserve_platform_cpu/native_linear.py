@@ -41,6 +41,7 @@ class NativeLinearKernel(LinearKernel):
     def __init__(self, dtypes: frozenset[torch.dtype], fallback: LinearKernel | None) -> None:
         self.dtypes = dtypes
         self.fallback = fallback
+        _register_fake()
         ops = getattr(torch.ops, LIBRARY)
         self._pack, self._linear = ops.pack.default, ops.linear.default
 
@@ -57,7 +58,7 @@ class NativeLinearKernel(LinearKernel):
     def apply(self, x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if packed.dtype not in self.dtypes:
             return self.fallback.apply(x, packed, bias)
-        # The op has a fake implementation (below), so compiled graphs call it as an opaque kernel.
+        # The op has a fake implementation (_register_fake), so compiled graphs call it as an opaque kernel.
         return self._linear(x, packed, bias)
 
 
@@ -75,9 +76,9 @@ def native_linear_kernel(fallback: LinearKernel | None) -> LinearKernel | None:
     other dtypes; ``fallback`` alone where the kernel cannot be built or runs no dtype here."""
     reason = unavailable_reason(LIBRARY, SOURCES)
     if reason is not None:
-        logger.warning("kvserve-platform-cpu: AVX-512 linear kernel unavailable, using oneDNN's: %s", reason)
+        instead = "F.linear" if fallback is None else fallback.name
+        logger.warning("kvserve-platform-cpu: AVX-512 linear kernel unavailable, using %s: %s", instead, reason)
         return fallback
-    _register_fake()
     ops = getattr(torch.ops, LIBRARY)
     amx = "amx_bf16" in cpu_name_and_flags()[1]
     dtypes = frozenset(
