@@ -26,7 +26,7 @@ from kvserve.testing.attention_reference import build_batch
 # cases: (phase, sequences, cached tokens each (an int, or (low, high) drawn per sequence), new tokens
 # each); heads: (query heads, KV heads, head size). The CPU's are SmolLM2-135M's heads; its decode
 # batch is the 32-sequence chat workload's; its prefills a 512-token chunk after 2,488 cached, and
-# short and medium fresh prompts (either side of the kernel/SDPA split).
+# short and medium fresh prompts.
 SHAPES = {
     "cuda": {
         "cases": [("decode", 64, 2048, 1), ("prefill", 4, 0, 1024)],

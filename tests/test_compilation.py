@@ -122,7 +122,7 @@ def test_compiled_greedy_tokens_match_hf_in_fp32_on_packed_weights(level, tiny_l
 def test_start_up_line_and_bench_name_level_and_kernels(tiny_llama, startup_lines):
     LLM(str(tiny_llama), dtype="bfloat16", max_num_seqs=4)
     line = next(m for m in startup_lines if m.startswith("kvserve engine:"))
-    kernels = "attention_backend=cpu (decode and small prefill chunks: C++ paged kernel"
+    kernels = "attention_backend=cpu (decode and prefill: C++ paged kernel"
     if native_kernel.unavailable_reason() is not None:  # no compiler here: the PyTorch path, saying why
         kernels = "attention_backend=cpu (PyTorch fallback ("
     assert f"optimization_level=0 (eager) {kernels}" in line

@@ -120,7 +120,7 @@ class LLMEngine:
     def execution_summary(self) -> str:
         """How steps run: optimization level, eager or compiled (with compile seconds so far), the
         attention backend and the kernels it runs, e.g. ``optimization_level=0 (eager)
-        attention_backend=cpu (decode and small prefill chunks: C++ paged kernel ...) linear_kernel=onednn (...)
+        attention_backend=cpu (decode and prefill: C++ paged kernel ...) linear_kernel=avx512 (...)
         layer_ops=cpu-native (...)``."""
         level = self.config.compilation.optimization_level
         compiled = self.runner.compiled if self.runner is not None else None

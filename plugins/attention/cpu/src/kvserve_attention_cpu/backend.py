@@ -1,9 +1,9 @@
 """The ``cpu`` attention backend: paged attention on the host, a C++ kernel where one can be built.
 
-Where the C++ operator builds (a compiler and ninja: see :mod:`kvserve.native`), decodes and
-small prefill chunks read the cache in place through the block tables, and larger chunks run
-SDPA over their gathered K/V (:mod:`.native_paged` says which, and why); otherwise the plain
-PyTorch path of the base class runs everything (:mod:`.torch_paged`). :meth:`kernels` says which
+Where the C++ operator builds (a compiler and ninja: see :mod:`kvserve.native`), every sequence
+of a step, decode or prefill chunk, reads the cache in place through the block tables
+(:mod:`.native_paged`); otherwise the plain PyTorch path of the base class runs everything
+(:mod:`.torch_paged`). :meth:`kernels` says which
 runs, and why the fallback when it does.
 """
 
@@ -30,29 +30,21 @@ class CpuAttentionBackend(TorchPagedBackend):
         super().__init__(spec)
         self.fallback_reason = native_kernel.unavailable_reason() if self.native else "disabled by the class"
         """None: the C++ kernel runs; else why the PyTorch path does."""
-        windows = [layer.sliding_window for layer in spec.layers]
-        self._widest_window = None if None in windows or not windows else max(windows)
 
     def kernels(self) -> str:
         if self.fallback_reason is not None:
             return f"PyTorch fallback ({self.fallback_reason}): {super().kernels()}"
-        return (
-            "decode and small prefill chunks: C++ paged kernel over the blocks in place; "
-            "larger chunks: SDPA per sequence over gathered blocks"
-        )
+        return "decode and prefill: C++ paged kernel over the blocks in place"
 
     def build_metadata(self, batch: AttentionBatch):
         if self.fallback_reason is not None:
             return super().build_metadata(batch)
-        kernel, sdpa = native_paged.split_sequences(batch, self._widest_window)
         return NativePagedMetadata(
             batch,
             batch.block_tables.contiguous(),
             batch.seq_lens.contiguous(),
             batch.query_start_loc.contiguous(),
-            torch.tensor(kernel, dtype=torch.int32, device=self.spec.device) if kernel else None,
-            sdpa,
-            self._prefill_masks(batch, sdpa),
+            torch.arange(batch.num_seqs, dtype=torch.int32, device=self.spec.device),
             write_index(batch),
         )
 
@@ -64,8 +56,5 @@ class CpuAttentionBackend(TorchPagedBackend):
             query = query.contiguous()
         # rows no sequence owns (padding past the batch's tokens) must not be left uninitialized
         out = torch.empty_like(query) if query.shape[0] == metadata.batch.num_tokens else torch.zeros_like(query)
-        if metadata.kernel_seqs is not None:
-            native_paged.attend(out, query, kv_cache, metadata, layer)
-        batch = metadata.batch
-        self._attend_prefills(out, query, kv_cache, batch, metadata.sdpa_seqs, metadata.prefill_masks, layer)
+        native_paged.attend(out, query, kv_cache, metadata, layer)
         return out
