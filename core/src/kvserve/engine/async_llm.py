@@ -57,10 +57,14 @@ class AsyncLLM:
             from kvserve.engine.process_core import ProcessCore  # pyzmq: the server extra
 
             return cls(ProcessCore(config, core_setup))
-        engine = LLMEngine(config)
-        if core_setup is not None:
-            core_setup(engine)
-        return cls(engine)
+
+        def build() -> LLMEngine:  # on the step loop's thread (see ThreadCore)
+            engine = LLMEngine(config)
+            if core_setup is not None:
+                core_setup(engine)
+            return engine
+
+        return cls(ThreadCore(build))
 
     @property
     def tokenizer(self) -> Any:
