@@ -3,11 +3,12 @@
 At decode batch sizes a step reads every weight from memory once, and oneDNN's packed matmul waits
 on those reads between its computations; the C++ kernel prefetches each panel's next chunk while
 computing on the current one. Measured on this project's 2-core AVX512-BF16 CPU over every
-projection of a model in turn (the weights no longer in cache, as in a decode step), against
-oneDNN's prepacked matmul: 1.2-1.4x at 32 rows and 1.2-1.5x at 8 rows, in float32 and bfloat16, on
-the 125M Llama and SmolLM2 (``benchmarks/gemm_shapes.py --sweep``); on one shape from a hot cache
-it reaches ~90% of oneDNN at 256-512 rows, where prefills run. On CPUs with AMX, oneDNN's tile
-kernels are left to bfloat16.
+projection of a model in turn (distinct weights, so they come from DRAM as in a decode step;
+``benchmarks/gemm_shapes.py --sweep``), against oneDNN's prepacked matmul: 1.2-1.3x at 32 rows,
+1.2-1.5x at 8 rows and 1.1-1.5x at 1 row, in float32 and bfloat16, on the 125M Llama and SmolLM2
+(a noisy shared machine: two bfloat16 runs gave 1.06x and 1.47x at 1 row). On one shape from a
+hot cache it reaches ~90% of oneDNN at 256-512 rows, where prefills run. On CPUs with AMX,
+bfloat16 is left to oneDNN's tile kernels.
 
 Built on first use by :mod:`kvserve.native`; where it cannot be, oneDNN's kernel serves every dtype
 and the start-up log says why.
