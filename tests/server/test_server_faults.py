@@ -295,8 +295,8 @@ def test_a_long_tokenize_does_not_stall_a_stream(server, http: httpx.Client, tin
         tokenized.extend([started, time.monotonic()])
         assert response.status_code == 200 and response.json()["count"] == expected_count
 
-    arrivals = []  # n=8 makes each step slower, so the stream outlasts the tokenization
-    body = {"model": MODEL, "prompt": "A stream", "max_tokens": 1000, "ignore_eos": True, "stream": True, "n": 8}
+    arrivals = []  # n=32 makes each step slower, so the stream outlasts the tokenization
+    body = {"model": MODEL, "prompt": "A stream", "max_tokens": 1000, "ignore_eos": True, "stream": True, "n": 32}
     with httpx.Client(base_url=server.url, timeout=60) as streamer:
         with streamer.stream("POST", "/v1/completions", json=body) as response:
             lines = response.iter_lines()
