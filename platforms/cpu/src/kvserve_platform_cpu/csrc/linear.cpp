@@ -37,7 +37,7 @@ namespace {
 
 constexpr int64_t kPanel = 48;       // output columns per panel
 constexpr int64_t kRowTile = 8;      // rows per register tile: 8 x 3 accumulators
-constexpr int64_t kChunkBytes = 24 << 10;  // a panel's slice of k that the row tiles share in L1 (half of it)
+constexpr int64_t kChunkBytes = 24 << 10;  // a panel's slice of k the row tiles share: half of a 48 KiB L1
 constexpr int64_t kRowBlock = 128;   // rows per pass over the panels (bounds the float32 scratch)
 
 bool supports(at::ScalarType dtype) {

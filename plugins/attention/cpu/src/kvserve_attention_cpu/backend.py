@@ -3,8 +3,7 @@
 Where the C++ operator builds (a compiler and ninja: see :mod:`kvserve.native`), every sequence
 of a step, decode or prefill chunk, reads the cache in place through the block tables
 (:mod:`.native_paged`); otherwise the plain PyTorch path of the base class runs everything
-(:mod:`.torch_paged`). :meth:`kernels` says which
-runs, and why the fallback when it does.
+(:mod:`.torch_paged`). :meth:`kernels` says which runs, and why the fallback when it does.
 """
 
 from __future__ import annotations

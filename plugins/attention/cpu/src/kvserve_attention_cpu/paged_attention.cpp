@@ -76,7 +76,8 @@ inline void from_float(const float* src, T* dst, int64_t n, float mul) {
   for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(src[i] * mul);
 }
 
-// ---- exp and tanh that vectorize (std::exp and std::tanh are calls GCC does not vectorize) ----
+// ---- exp and tanh for the portable path (std::exp and std::tanh are library calls); the AVX-512
+// path has 16-lane versions of both below ----
 
 // exp(x) for x <= 0 (scores minus their max): 2^k * exp(r), |r| <= ln2 / 2, degree-6 Taylor
 // polynomial (relative error ~1e-7); below -87 it returns ~1e-38 instead of a smaller number.
@@ -134,11 +135,12 @@ inline __m512 load16(const c10::BFloat16* x) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
 }
 
-// exp_nonpositive and soft_capped on 16 lanes (GCC does not vectorize the scalar versions' floor).
+// The first `count` lanes (all 16 from 16 on).
 inline __mmask16 lanes_below(int64_t count) {
   return count >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << count) - 1);
 }
 
+// exp_nonpositive and soft_capped on 16 lanes (GCC does not vectorize the scalar versions' floor).
 inline __m512 exp_nonpositive16(__m512 x) {
   x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
   const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -241,14 +243,14 @@ struct Scratch {
 constexpr int64_t kKeyTile = 16;  // keys per dots16 call; score rows are padded to a multiple of it
 constexpr int64_t kPrefetchTiles = 1;  // how far ahead of the scoring the key rows are fetched
 
-// Asks for the cache lines of token rows [from, to) of keys (clipped to n), `offset` elements on.
+// Asks for the cache lines of key rows [from, to) of keys (clipped to n; `row` elements each).
 // Blocks lie anywhere in the cache, so the hardware's stride prefetchers lose the trail at every
 // block boundary; these hints keep the loads ahead of the arithmetic.
-template <typename T, int HINT>
-inline void prefetch_rows(const T* const* keys, int64_t from, int64_t to, int64_t n, int64_t offset, int64_t row) {
+template <typename T>
+inline void prefetch_rows(const T* const* keys, int64_t from, int64_t to, int64_t n, int64_t row) {
   for (int64_t j = from; j < std::min(to, n); ++j) {
-    const char* line = reinterpret_cast<const char*>(keys[j] + offset);
-    for (int64_t b = 0; b < row * static_cast<int64_t>(sizeof(T)); b += 64) _mm_prefetch(line + b, static_cast<_mm_hint>(HINT));
+    const char* line = reinterpret_cast<const char*>(keys[j]);
+    for (int64_t b = 0; b < row * static_cast<int64_t>(sizeof(T)); b += 64) _mm_prefetch(line + b, _MM_HINT_T0);
   }
 }
 
@@ -262,11 +264,11 @@ void score_keys(const Problem& p, const T* q_row, const T* const* keys, int64_t 
 #if defined(__AVX512F__)
     const T* tile[kKeyTile];
     const int64_t row = p.kv_heads * D;
-    prefetch_rows<T, _MM_HINT_T0>(keys, 0, kPrefetchTiles * kKeyTile, n, 0, row);
+    prefetch_rows(keys, 0, kPrefetchTiles * kKeyTile, n, row);
     for (int64_t j0 = 0; j0 < n; j0 += kKeyTile) {
       const int64_t count = std::min(kKeyTile, n - j0);
       const int64_t ahead = j0 + kPrefetchTiles * kKeyTile;
-      prefetch_rows<T, _MM_HINT_T0>(keys, ahead, ahead + kKeyTile, n, 0, row);
+      prefetch_rows(keys, ahead, ahead + kKeyTile, n, row);
       for (int64_t kv_head = 0; kv_head < p.kv_heads; ++kv_head) {
         for (int64_t t = 0; t < kKeyTile; ++t)  // a short tile repeats its last key; those lanes are not stored
           tile[t] = keys[j0 + std::min(t, count - 1)] + kv_head * D;
