@@ -1,5 +1,6 @@
 """The C++ paged attention operator against the float64 reference: dtypes, GQA/MQA, sliding
-windows, soft-caps, block-boundary lengths, mixed batches and long decodes split across threads."""
+windows, soft-caps, block-boundary lengths, mixed batches and long decodes split across threads;
+the cache-write operator against ``index_copy_``."""
 
 import dataclasses
 
@@ -33,24 +34,23 @@ def in_dtype(case, dtype):
     return dataclasses.replace(case, **cast)
 
 
-def run_kernel(case, layer: LayerAttentionSpec, dtype, seqs=None) -> torch.Tensor:
-    """The operator's output for sequences ``seqs`` (default all) of ``case``; other rows hold NaN."""
+def run_kernel(case, layer: LayerAttentionSpec, dtype, padding: int = 0) -> torch.Tensor:
+    """The operator's output for ``case``, its query followed by ``padding`` rows no sequence owns
+    (left at NaN)."""
     cache = filled_cache(case, 0).to(dtype)
     batch = case.batch
-    out = torch.full_like(case.query, float("nan"))
-    ids = torch.tensor(range(batch.num_seqs) if seqs is None else seqs, dtype=torch.int32)
+    query = torch.cat([case.query, torch.zeros(padding, *case.query.shape[1:], dtype=case.query.dtype)])
+    out = torch.full_like(query, float("nan"))
     torch.ops.kvserve_attention_cpu.paged_attention_out(
-        out, case.query, cache, batch.block_tables, batch.seq_lens, batch.query_start_loc, ids,
+        out, query, cache, batch.block_tables, batch.seq_lens, batch.query_start_loc,
         layer.scale, layer.sliding_window or 0, layer.logits_soft_cap or 0.0,
     )  # fmt: skip
     return out
 
 
-def check(case, layer, dtype, out, rows=None):
-    expected = layer_reference_attention(case, layer)
-    rows = slice(None) if rows is None else rows
+def check(case, layer, dtype, out):
     tol = TOLERANCES[dtype]
-    torch.testing.assert_close(out.double()[rows], expected[rows], atol=tol, rtol=tol)
+    torch.testing.assert_close(out.double(), layer_reference_attention(case, layer), atol=tol, rtol=tol)
 
 
 SHAPES = dict(max_seqs=6, short_context=20, long_context=(40, 300), max_query=40)
@@ -94,12 +94,12 @@ def test_long_decodes_split_into_key_slices(dtype, window):
         torch.set_num_threads(threads)
 
 
-def test_only_the_named_sequences_are_written():
+def test_padding_rows_past_the_batch_are_not_written():
     case = make_paged_case([(5, 1), (0, 7), (30, 1)], 4, 2, 64, 16, seed=3)
     layer = LayerAttentionSpec(0.125)
-    out = run_kernel(case, layer, torch.float32, seqs=[0, 2])
-    check(case, layer, torch.float32, out, rows=[0, 8])
-    assert out[1:8].isnan().all()
+    out = run_kernel(case, layer, torch.float32, padding=3)
+    check(case, layer, torch.float32, out[:9])
+    assert out[9:].isnan().all()
 
 
 def test_rejects_a_table_too_short_for_its_sequence():
@@ -108,5 +108,34 @@ def test_rejects_a_table_too_short_for_its_sequence():
     with pytest.raises(RuntimeError, match="does not fit its query or block table"):
         torch.ops.kvserve_attention_cpu.paged_attention_out(
             torch.empty_like(case.query), case.query, filled_cache(case, 0), batch.block_tables[:, :2],
-            batch.seq_lens, batch.query_start_loc, torch.tensor([0], dtype=torch.int32), 0.125, 0, 0.0,
+            batch.seq_lens, batch.query_start_loc, 0.125, 0, 0.0,
         )  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("tokens", [1, 5, 700])
+def test_write_kv_matches_index_copy(dtype, tokens):
+    """Rows land in their slots, padding (-1) is skipped, other slots keep their contents; key and
+    value are strided views of one fused projection, as the models pass them."""
+    generator = torch.Generator().manual_seed(tokens)
+    num_blocks, block_size, kv_heads, head_dim = 64, 16, 3, 64
+    cache = torch.randn(2, num_blocks, block_size, kv_heads, head_dim, generator=generator).to(dtype)
+    slots = torch.randperm(num_blocks * block_size, generator=generator)[:tokens]
+    slots[::4] = -1
+    fused = torch.randn(tokens, 4 * kv_heads * head_dim, generator=generator).to(dtype)
+    key = fused[:, kv_heads * head_dim : 2 * kv_heads * head_dim].view(tokens, kv_heads, head_dim)
+    value = fused[:, 3 * kv_heads * head_dim :].view(tokens, kv_heads, head_dim)
+    expected = cache.clone()
+    kept = slots >= 0
+    for half, rows in ((0, key), (1, value)):
+        expected[half].view(-1, kv_heads, head_dim).index_copy_(0, slots[kept], rows[kept])
+    torch.ops.kvserve_attention_cpu.write_kv(cache, key, value, slots)
+    assert torch.equal(cache, expected)
+
+
+def test_write_kv_rejects_a_slot_outside_the_cache():
+    cache = torch.zeros(2, 4, 16, 2, 64)
+    rows = torch.ones(2, 2, 64)
+    with pytest.raises(RuntimeError, match="token 1's slot 64 is outside the cache's 64 slots"):
+        torch.ops.kvserve_attention_cpu.write_kv(cache, rows, rows, torch.tensor([3, 64]))
+    assert not cache.any()  # checked before anything is written

@@ -15,7 +15,7 @@ import torch
 from kvserve.interfaces import AttentionBatch, AttentionSpec
 from kvserve_attention_cpu import native_kernel, native_paged
 from kvserve_attention_cpu.native_paged import NativePagedMetadata
-from kvserve_attention_cpu.torch_paged import TorchPagedBackend, write_index
+from kvserve_attention_cpu.torch_paged import TorchPagedBackend
 
 
 class CpuAttentionBackend(TorchPagedBackend):
@@ -43,9 +43,12 @@ class CpuAttentionBackend(TorchPagedBackend):
             batch.block_tables.contiguous(),
             batch.seq_lens.contiguous(),
             batch.query_start_loc.contiguous(),
-            torch.arange(batch.num_seqs, dtype=torch.int32, device=self.spec.device),
-            write_index(batch),
         )
+
+    def write_kv(self, kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, metadata) -> None:
+        if not isinstance(metadata, NativePagedMetadata):
+            return super().write_kv(kv_cache, key, value, metadata)
+        native_paged.write_kv(kv_cache, key, value, metadata)
 
     def forward(self, query: torch.Tensor, kv_cache: torch.Tensor, metadata, layer_idx: int) -> torch.Tensor:
         if not isinstance(metadata, NativePagedMetadata):

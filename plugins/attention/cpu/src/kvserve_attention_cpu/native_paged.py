@@ -1,4 +1,4 @@
-"""The step metadata of the C++ kernel (``paged_attention.cpp``) and the call itself.
+"""The step metadata of the C++ operators (``paged_attention.cpp``, ``cache_write.cpp``) and the calls.
 
 The kernel attends every sequence of a step, decodes and prefill chunks alike: it reads K/V in
 place through the block tables (no gather, no padding to the longest sequence). It replaced SDPA
@@ -25,10 +25,13 @@ class NativePagedMetadata:
     """int32 ``[num_seqs, max_blocks]``, contiguous (what the kernel reads)."""
     seq_lens: torch.Tensor
     query_start_loc: torch.Tensor
-    seq_ids: torch.Tensor
-    """int32 ids of the batch's sequences (the kernel skips those without new tokens)."""
-    write_index: torch.Tensor | None
-    """Tokens that have a cache slot (slot -1 is padding); None: every token."""
+
+
+def write_kv(kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, metadata: NativePagedMetadata) -> None:
+    """The step's new K/V rows into their slots (padding rows, slot -1, are skipped), in one op."""
+    head_dim = kv_cache.shape[-1]
+    key, value = (t if t.stride(-1) == 1 and t.stride(-2) == head_dim else t.contiguous() for t in (key, value))
+    torch.ops.kvserve_attention_cpu.write_kv(kv_cache, key, value, metadata.batch.slot_mapping)
 
 
 def attend(out: torch.Tensor, query: torch.Tensor, kv_cache: torch.Tensor, metadata: NativePagedMetadata, layer):
@@ -40,7 +43,6 @@ def attend(out: torch.Tensor, query: torch.Tensor, kv_cache: torch.Tensor, metad
         metadata.block_tables,
         metadata.seq_lens,
         metadata.query_start_loc,
-        metadata.seq_ids,
         layer.scale,
         layer.sliding_window or 0,
         layer.logits_soft_cap or 0.0,

@@ -1,11 +1,12 @@
 // Paged attention on the CPU that reads K/V in place through block tables.
 //
 // kvserve_attention_cpu::paged_attention_out(out, query, kv_cache, block_tables, seq_lens, query_start_loc,
-//                                  seq_ids, scale, sliding_window, soft_cap)
+//                                  scale, sliding_window, soft_cap)
 //
-// Writes, for every sequence in seq_ids, the attention of its query rows
-// query[query_start_loc[s] : query_start_loc[s+1]] (the last rows of the sequence: causal within
-// the chunk, over all cached keys before it) into the same rows of out; other rows are untouched.
+// Writes, for every sequence s of the batch (num_seqs = seq_lens.numel()), the attention of its
+// query rows query[query_start_loc[s] : query_start_loc[s+1]] (the last rows of the sequence: causal
+// within the chunk, over all cached keys before it) into the same rows of out; rows past
+// query_start_loc[num_seqs] (padding) are untouched.
 // kv_cache is (2, num_blocks, block_size, kv_heads, head_dim), K then V, read where it lies: no
 // gather, no padding to the longest sequence. Scores, softmax and the output accumulate in float32
 // for float32, bfloat16 and float16 inputs (two passes: the scores of a query row's visible keys are
@@ -485,7 +486,7 @@ constexpr int64_t kMinSliceKeys = 256;  // a decode's key slice is at least this
 
 void paged_attention_out(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
                          const at::Tensor& block_tables, const at::Tensor& seq_lens,
-                         const at::Tensor& query_start_loc, const at::Tensor& seq_ids, double scale,
+                         const at::Tensor& query_start_loc, double scale,
                          int64_t sliding_window, double soft_cap) {
   TORCH_CHECK(query.device().is_cpu() && kv_cache.device().is_cpu(), "paged_attention_out: CPU tensors only");
   TORCH_CHECK(query.dim() == 3 && out.sizes() == query.sizes(), "query and out must be [tokens, heads, head_dim]");
@@ -494,9 +495,12 @@ void paged_attention_out(at::Tensor& out, const at::Tensor& query, const at::Ten
   TORCH_CHECK(query.scalar_type() == kv_cache.scalar_type() && out.scalar_type() == query.scalar_type(),
               "query, out and kv_cache must share a dtype");
   TORCH_CHECK(query.stride(2) == 1 && out.stride(2) == 1, "query and out need a contiguous last dimension");
-  for (const at::Tensor* t : {&block_tables, &seq_lens, &query_start_loc, &seq_ids})
+  for (const at::Tensor* t : {&block_tables, &seq_lens, &query_start_loc})
     TORCH_CHECK(t->scalar_type() == at::kInt && t->is_contiguous() && t->device().is_cpu(),
-                "block_tables, seq_lens, query_start_loc and seq_ids must be contiguous int32 CPU tensors");
+                "block_tables, seq_lens and query_start_loc must be contiguous int32 CPU tensors");
+  const int64_t num = seq_lens.numel();
+  TORCH_CHECK(query_start_loc.numel() == num + 1 && block_tables.dim() == 2 && block_tables.size(0) >= num,
+              "query_start_loc must have num_seqs + 1 entries and block_tables num_seqs rows (num_seqs = ", num, ")");
   Problem p;
   p.heads = query.size(1);
   p.kv_heads = kv_cache.size(3);
@@ -520,17 +524,14 @@ void paged_attention_out(at::Tensor& out, const at::Tensor& query, const at::Ten
   p.query_start = query_start_loc.data_ptr<int32_t>();
 
   // plan: query tiles for prefills; decodes whole, or in key slices when there are too few of them
-  const int32_t* ids = seq_ids.data_ptr<int32_t>();
-  const int64_t num = seq_ids.numel();
   const int64_t threads = at::get_num_threads();
   int64_t decodes = 0;
-  for (int64_t k = 0; k < num; ++k) decodes += p.query_start[ids[k] + 1] - p.query_start[ids[k]] == 1;
+  for (int64_t seq = 0; seq < num; ++seq) decodes += p.query_start[seq + 1] - p.query_start[seq] == 1;
   std::vector<Item> items;
   struct Merge { int64_t seq, first, count; };
   std::vector<Merge> merges;
   int64_t num_partials = 0;
-  for (int64_t k = 0; k < num; ++k) {
-    const int64_t seq = ids[k];
+  for (int64_t seq = 0; seq < num; ++seq) {
     const int64_t q_len = p.query_start[seq + 1] - p.query_start[seq];
     const int64_t seq_len = p.seq_lens[seq];
     TORCH_CHECK(seq_len >= q_len && (seq_len + p.block_size - 1) / p.block_size <= p.max_blocks,
@@ -596,7 +597,7 @@ void paged_attention_out(at::Tensor& out, const at::Tensor& query, const at::Ten
 TORCH_LIBRARY(kvserve_attention_cpu, m) {
   m.def(
       "paged_attention_out(Tensor(a!) out, Tensor query, Tensor kv_cache, Tensor block_tables, Tensor seq_lens, "
-      "Tensor query_start_loc, Tensor seq_ids, float scale, int sliding_window, float soft_cap) -> ()");
+      "Tensor query_start_loc, float scale, int sliding_window, float soft_cap) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(kvserve_attention_cpu, CPU, m) { m.impl("paged_attention_out", &paged_attention_out); }
