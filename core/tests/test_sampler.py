@@ -2,9 +2,11 @@
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from transformers import RepetitionPenaltyLogitsProcessor
 
-from kvserve.engine.sampler import Sampler
+from kvserve.engine.sampler import Sampler, row_argmax
 from kvserve.request import Request
 from kvserve.sampling_params import SamplingParams
 
@@ -217,3 +219,21 @@ def test_the_callers_logits_are_left_as_given(params):
     before = logits.clone()
     Sampler(0)(logits, [request("a", output=(1,), **params), request("b")])
     assert torch.equal(logits, before)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    rows=st.integers(1, 5),
+    vocab=st.sampled_from([1, 7, 511, 512, 640, 1000, 1025, 4096]),
+    levels=st.integers(1, 4),
+    specials=st.lists(st.sampled_from([float("inf"), float("-inf"), float("nan")]), max_size=3),
+    seed=st.integers(0, 2**16),
+)
+def test_row_argmax_is_torch_argmax(rows, vocab, levels, specials, seed):
+    """Ties (values drawn from a few levels), infinities and NaN anywhere, any vocabulary size: the
+    same column as ``torch.argmax``, the first maximum."""
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, levels, (rows, vocab), generator=generator).float()
+    for value in specials:
+        x[torch.randint(0, rows, (1,), generator=generator), torch.randint(0, vocab, (1,), generator=generator)] = value
+    assert torch.equal(row_argmax(x), x.argmax(dim=-1))

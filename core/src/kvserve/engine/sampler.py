@@ -29,6 +29,30 @@ class SamplerOutput:
     """Row -> what failed while processing that row's logits (its request must be failed)."""
 
 
+ARGMAX_CHUNK = 128
+
+
+def row_argmax(x: torch.Tensor) -> torch.Tensor:
+    """``x.argmax(dim=-1)`` of a 2-D ``x``, exactly (the first maximum's column; NaN counts as the
+    maximum), found through each chunk's maximum: ATen's CPU argmax is a scalar loop (measured 0.33
+    ms for 32 rows of a 32k vocabulary on this project's CPU, 4x this), while ``amax`` vectorizes.
+
+    The first chunk whose maximum equals the row's holds the row's first maximum, and within that
+    chunk argmax finds its first occurrence; the last, shorter chunk's columns are read clamped to the
+    row's end, so a repeated last column can only come after the first maximum.
+    """
+    vocab = x.shape[1]
+    if vocab < 4 * ARGMAX_CHUNK:
+        return x.argmax(dim=-1)
+    whole = vocab // ARGMAX_CHUNK * ARGMAX_CHUNK
+    maxima = x[:, :whole].unflatten(1, (-1, ARGMAX_CHUNK)).amax(dim=-1)
+    if whole < vocab:
+        maxima = torch.cat([maxima, x[:, whole:].amax(dim=-1, keepdim=True)], dim=1)
+    chunk = maxima.argmax(dim=-1)
+    columns = (chunk[:, None] * ARGMAX_CHUNK + torch.arange(ARGMAX_CHUNK, device=x.device)).clamp_max_(vocab - 1)
+    return chunk * ARGMAX_CHUNK + x.gather(1, columns).argmax(dim=-1)
+
+
 class Sampler:
     """Picks one token per row.
 
@@ -54,7 +78,7 @@ class Sampler:
         if any(_changes_logits(r) for r in requests):
             logits = logits.clone()  # processed in place below: the caller's tensor stays as given
         logits, errors = self._process(logits, requests)
-        tokens = logits.argmax(dim=-1)
+        tokens = row_argmax(logits)
         sampled = [i for i, r in enumerate(requests) if not r.sampling_params.greedy and i not in errors]
         if sampled:
             rows = torch.tensor(sampled, device=logits.device)
@@ -123,7 +147,7 @@ class Sampler:
             sorted_drop = _top_p_drop(values, none, [requests[i] for i in nucleus])
             drop[index] |= torch.zeros_like(sorted_drop).scatter_(1, ids, sorted_drop)
         noise = self._exponential_noise(scaled.shape, requests, top_k, device)
-        return (scaled - noise.log()).masked_fill(drop, float("-inf")).argmax(dim=-1)
+        return row_argmax((scaled - noise.log()).masked_fill(drop, float("-inf")))
 
     def _exponential_noise(
         self, shape: torch.Size, requests: list[Request], widths: list[int], device: torch.device
