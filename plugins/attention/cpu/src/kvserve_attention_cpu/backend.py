@@ -1,9 +1,10 @@
 """The ``cpu`` attention backend: paged attention on the host, a C++ kernel where one can be built.
 
-Where the C++ operator builds (a compiler and ninja: see :mod:`kvserve.native`), every sequence
-of a step, decode or prefill chunk, reads the cache in place through the block tables
-(:mod:`.native_paged`); otherwise the plain PyTorch path of the base class runs everything
-(:mod:`.torch_paged`). :meth:`kernels` says which runs, and why the fallback when it does.
+Where the C++ operators build (a compiler and ninja: see :mod:`kvserve.native`), every sequence
+of a step, decode or prefill chunk, reads the cache in place through the block tables, and each
+layer's new K/V rows are written by one op (:mod:`.native_paged`); otherwise the plain PyTorch
+path of the base class runs everything (:mod:`.torch_paged`). :meth:`kernels` says which runs,
+and why the fallback when it does.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ class CpuAttentionBackend(TorchPagedBackend):
     def kernels(self) -> str:
         if self.fallback_reason is not None:
             return f"PyTorch fallback ({self.fallback_reason}): {super().kernels()}"
-        return "decode and prefill: C++ paged kernel over the blocks in place"
+        return "decode and prefill: C++ paged kernel over the blocks in place; K/V writes: C++"
 
     def build_metadata(self, batch: AttentionBatch):
         if self.fallback_reason is not None:
