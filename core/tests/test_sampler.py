@@ -221,10 +221,10 @@ def test_the_callers_logits_are_left_as_given(params):
     assert torch.equal(logits, before)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(
     rows=st.integers(1, 5),
-    vocab=st.sampled_from([1, 7, 511, 512, 640, 1000, 1025, 4096]),
+    vocab=st.sampled_from([1, 7, 1000, 8191, 8192, 8200, 8319, 12345]),
     levels=st.integers(1, 4),
     specials=st.lists(st.sampled_from([float("inf"), float("-inf"), float("nan")]), max_size=3),
     seed=st.integers(0, 2**16),

@@ -30,6 +30,7 @@ class SamplerOutput:
 
 
 ARGMAX_CHUNK = 128
+ARGMAX_MIN_VOCAB = 8192
 
 
 def row_argmax(x: torch.Tensor) -> torch.Tensor:
@@ -42,7 +43,7 @@ def row_argmax(x: torch.Tensor) -> torch.Tensor:
     row's end, so a repeated last column can only come after the first maximum.
     """
     vocab = x.shape[1]
-    if vocab < 4 * ARGMAX_CHUNK:
+    if vocab < ARGMAX_MIN_VOCAB:  # the five ops cost more than one scalar pass over a short row
         return x.argmax(dim=-1)
     whole = vocab // ARGMAX_CHUNK * ARGMAX_CHUNK
     maxima = x[:, :whole].unflatten(1, (-1, ARGMAX_CHUNK)).amax(dim=-1)
