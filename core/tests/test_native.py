@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -68,3 +72,27 @@ def test_unavailable_reason_names_the_library_and_does_not_retry_a_failed_build(
     assert unavailable_reason("kvserve_native_broken_once", (source,)).startswith(
         "cannot build kvserve_native_broken_once: no C++ compiler ('no-such-compiler-here'"
     )
+
+
+def test_a_build_killed_midway_does_not_block_the_next_start(tmp_path):
+    """torch's ``lock`` file, left behind by a builder that was killed, used to make every later
+    start wait forever; the next build now goes ahead and loads."""
+    env = {"KVSERVE_NATIVE_CACHE": str(tmp_path / "cache")}
+    source = tmp_path / "scale.cpp"
+    source.write_text(SCALE_SOURCE)
+    script = (
+        "import sys, torch; from pathlib import Path; from kvserve.native import cache_directory, load_operators\n"
+        "build = cache_directory() / 'kvserve_native_test'; build.mkdir(parents=True)\n"
+        "(build / 'lock').touch()  # as a killed builder leaves it\n"
+        "load_operators('kvserve_native_test', (Path(sys.argv[1]),))\n"
+        "x = torch.ones(3); torch.ops.kvserve_native_test.scale_(x, 2.0); print(x.tolist())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(source)],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().endswith("[2.0, 2.0, 2.0]")

@@ -78,24 +78,32 @@ def load_operators(name: str, sources: tuple[Path, ...], openmp: bool = True) ->
     reason = build_failure_reason()
     if reason is not None:
         raise NativeBuildError(f"cannot build {name}: {reason}")
+    import fcntl
+
     from torch.utils.cpp_extension import load
 
     build_dir = cache_directory() / name
     build_dir.mkdir(parents=True, exist_ok=True)
     flags = ["-O3", "-march=native", "-std=c++17", "-Wno-unused-parameter"] + (["-fopenmp"] if openmp else [])
-    try:
-        load(
-            name,
-            [str(s) for s in sources],
-            extra_cflags=flags,
-            extra_ldflags=["-fopenmp"] if openmp else [],
-            build_directory=str(build_dir),
-            is_python_module=False,
-            verbose=False,
-        )
-    except (RuntimeError, OSError, ImportError) as error:  # what torch's build raises for a failed compile or load
-        tail = "\n".join(str(error).strip().splitlines()[-8:])
-        raise NativeBuildError(f"cannot build {name} in {build_dir}: {tail}") from error
+    # torch's own guard is a ``lock`` file its builder deletes when done; a builder that was killed
+    # leaves it, and every later start waits on it forever. This flock the kernel drops with its
+    # holder: whoever holds it is the only builder, so a ``lock`` file found then is a dead one's.
+    with open(build_dir / "kvserve-build.flock", "w") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        (build_dir / "lock").unlink(missing_ok=True)
+        try:
+            load(
+                name,
+                [str(s) for s in sources],
+                extra_cflags=flags,
+                extra_ldflags=["-fopenmp"] if openmp else [],
+                build_directory=str(build_dir),
+                is_python_module=False,
+                verbose=False,
+            )
+        except (RuntimeError, OSError, ImportError) as error:  # what torch's build raises for a failed compile or load
+            tail = "\n".join(str(error).strip().splitlines()[-8:])
+            raise NativeBuildError(f"cannot build {name} in {build_dir}: {tail}") from error
 
 
 def unavailable_reason(name: str, sources: tuple[Path, ...]) -> str | None:
