@@ -6,12 +6,13 @@ tokens while 28 sequences decode). Every ``LLMEngine.step`` is timed, and the sc
 the step is recorded (a wrapper around ``scheduler.schedule``) to tell decode-only steps from
 steps that also carry a prefill chunk. Reported over the steps that decode: median, p99, max,
 p99/median; and the cost of a prefill token, from which the chunk size that keeps a mixed step
-under 2x a decode-only one follows. ``--budget`` (repeatable) runs once per
-``max_num_batched_tokens`` (the chunk budget) and ``--threshold`` (repeatable) once per
-``long_prefill_token_threshold`` (a per-request cap on a step's chunk); ``--kvserve-set
-FIELD=VALUE`` adds config.
+under 2x a decode-only one follows; and what the limits cost: the long prompts' time to first
+token. ``--budget`` (repeatable) runs once per ``max_num_batched_tokens`` (the chunk budget),
+``--threshold`` (repeatable) once per ``long_prefill_token_threshold`` (a per-request cap on a
+step's chunk) and ``--slowdown`` (repeatable) once per ``max_decode_slowdown`` (a time-aware limit
+on a step's prefill while requests decode); ``--kvserve-set FIELD=VALUE`` adds config.
 
-    python benchmarks/long_prefill_steps.py --budget 2048 --threshold 0 --threshold 64   # embedded SmolLM2
+    python benchmarks/long_prefill_steps.py --threshold 0 --threshold 64 --slowdown 0 --slowdown 2   # embedded SmolLM2
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ from kvserve.benchmarking.percentile import percentile
 from kvserve.config_sources import config_fields, parse_assignments
 
 
-def timed_steps(llm: LLM, args: argparse.Namespace) -> list[tuple[float, int, int]]:
-    """(seconds, decode tokens, prefill tokens) of every step until all requests finish."""
+def timed_steps(llm: LLM, args: argparse.Namespace) -> tuple[list[tuple[float, int, int]], list[float]]:
+    """(seconds, decode tokens, prefill tokens) of every step until all requests finish, and each
+    long prompt's seconds from arrival to its first token."""
     engine = llm.engine
     plans = []
     schedule = engine.scheduler.schedule
@@ -48,21 +50,25 @@ def timed_steps(llm: LLM, args: argparse.Namespace) -> list[tuple[float, int, in
             engine.add_request(f"{tag}{i}", [rng.randrange(vocab) for _ in range(length)], params)
 
     add("decode", args.decodes, args.short_len, args.decode_len)
-    steps = []
+    steps, first_tokens, arrived = [], {}, 0.0
     while engine.has_unfinished_requests():
         if len(steps) == args.arrive_after:
             add("long", args.long, args.long_len, 8)
+            arrived = time.perf_counter()
         start = time.perf_counter()
-        engine.step()
+        outputs = engine.step()
         seconds = time.perf_counter() - start
+        for output in outputs:
+            if output.request_id.startswith("long"):
+                first_tokens.setdefault(output.request_id, time.perf_counter() - arrived)
         plan = plans[-1]
         prefill = sum(s.num_tokens for s in plan.scheduled if s.start < s.request.num_prompt_tokens)
         steps.append((seconds, plan.num_batched_tokens - prefill, prefill))
     engine.scheduler.schedule = schedule
-    return steps
+    return steps, sorted(first_tokens.values())
 
 
-def report(label: str, steps: list[tuple[float, int, int]]) -> None:
+def report(label: str, steps: list[tuple[float, int, int]], first_tokens: list[float]) -> None:
     decoding = [s for s in steps if s[1] > 0]
     times = [s[0] * 1000 for s in decoding]
     mixed = [s for s in decoding if s[2] > 0]
@@ -70,7 +76,9 @@ def report(label: str, steps: list[tuple[float, int, int]]) -> None:
     median, p99 = statistics.median(times), percentile(times, 99)
     print(
         f"{label}: {len(decoding)} decoding steps, median {median:.1f} ms, p99 {p99:.1f} ms, "
-        f"max {max(times):.1f} ms, p99/median {p99 / median:.2f}x"
+        f"max {max(times):.1f} ms, p99/median {p99 / median:.2f}x; long prompts' time to first token "
+        + ", ".join(f"{t:.2f}" for t in first_tokens)
+        + " s"
     )
     if mixed and pure:
         mixed_ms = statistics.median(s[0] * 1000 for s in mixed)
@@ -99,19 +107,22 @@ def main() -> None:
     parser.add_argument(
         "--threshold", type=int, action="append", help="long_prefill_token_threshold (0: none); repeatable"
     )
+    parser.add_argument("--slowdown", type=float, action="append", help="max_decode_slowdown (0: off); repeatable")
     parser.add_argument("--kvserve-set", action="append", default=[], metavar="FIELD=VALUE")
     args = parser.parse_args()
 
-    for budget, threshold in itertools.product(args.budget or [2048], args.threshold or [0]):
+    runs = itertools.product(args.budget or [2048], args.threshold or [0], args.slowdown or [0])
+    for budget, threshold, slowdown in runs:
         fields = {
             "dtype": args.dtype,
             "max_model_len": 4096,
             "max_num_batched_tokens": budget,
             "long_prefill_token_threshold": threshold,
+            "max_decode_slowdown": slowdown,
         }
         llm = LLM(args.model, **config_fields(None, {**fields, **parse_assignments(args.kvserve_set)}))
         llm.generate([[1] * 16] * 2, SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)  # warm-up
-        report(f"budget {budget:>5} threshold {threshold:>4}", timed_steps(llm, args))
+        report(f"budget {budget:>5} threshold {threshold:>4} slowdown {slowdown:g}", *timed_steps(llm, args))
         llm.engine.shutdown()
 
 

@@ -1,4 +1,4 @@
-"""SchedulerConfig: the per-request prefill cap and its refusal without chunked prefill."""
+"""SchedulerConfig: the per-request prefill cap, the time-aware prefill limit, and their refusals."""
 
 from __future__ import annotations
 
@@ -21,3 +21,20 @@ def test_a_cap_without_chunked_prefill_is_refused_naming_both_fields():
 def test_a_negative_cap_is_refused_naming_the_field():
     with pytest.raises(ConfigError, match="long_prefill_token_threshold"):
         EngineConfig.from_flat(long_prefill_token_threshold=-1)
+
+
+def test_the_time_aware_prefill_limit_is_off_by_default_and_takes_strings():
+    assert EngineConfig().scheduler.max_decode_slowdown == 0
+    assert EngineConfig.from_flat(max_decode_slowdown="1.5").scheduler.max_decode_slowdown == 1.5
+
+
+def test_a_slowdown_of_one_or_less_is_refused_naming_the_field():
+    with pytest.raises(ConfigError, match="max_decode_slowdown=0.5: .* must be above 1"):
+        EngineConfig.from_flat(max_decode_slowdown=0.5)
+    with pytest.raises(ConfigError, match="max_decode_slowdown"):
+        EngineConfig.from_flat(max_decode_slowdown=-2)
+
+
+def test_a_slowdown_without_chunked_prefill_is_refused_naming_both_fields():
+    with pytest.raises(ConfigError, match="max_decode_slowdown=2.0 .* needs enable_chunked_prefill"):
+        EngineConfig.from_flat(max_decode_slowdown=2, enable_chunked_prefill=False)

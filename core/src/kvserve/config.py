@@ -59,13 +59,30 @@ class SchedulerConfig(_Section):
         description="Most prompt tokens one request prefills in a step (0: no cap beyond max_num_batched_tokens); "
         "a small cap keeps a long prompt's chunks from stalling the requests that decode meanwhile",
     )
+    max_decode_slowdown: float = Field(
+        0,
+        ge=0,
+        description="While requests decode, size the step's prefill chunks so the step takes at most this many "
+        "times a decode-only step, as measured (0: off, only the token budget applies); e.g. 2 keeps "
+        "long prompts from stalling decodes, at the cost of their time to first token",
+    )
 
     @model_validator(mode="after")
-    def _a_capped_prefill_is_chunked(self) -> SchedulerConfig:
+    def _prefill_limits_need_chunking(self) -> SchedulerConfig:
         if self.long_prefill_token_threshold and not self.enable_chunked_prefill:
             raise ValueError(
                 f"long_prefill_token_threshold={self.long_prefill_token_threshold} splits prompts into chunks: "
                 "it needs enable_chunked_prefill"
+            )
+        if self.max_decode_slowdown and self.max_decode_slowdown <= 1:
+            raise ValueError(
+                f"max_decode_slowdown={self.max_decode_slowdown}: a step that decodes and prefills takes longer "
+                "than one that only decodes, so the limit must be above 1 (or 0: off)"
+            )
+        if self.max_decode_slowdown and not self.enable_chunked_prefill:
+            raise ValueError(
+                f"max_decode_slowdown={self.max_decode_slowdown} splits prompts into chunks: it needs "
+                "enable_chunked_prefill"
             )
         return self
 

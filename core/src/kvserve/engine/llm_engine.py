@@ -360,6 +360,7 @@ class LLMEngine:
         """
         self._check_alive()
         try:
+            started = time.perf_counter()
             plan = self.scheduler.schedule()
             if not plan.scheduled:
                 self.stat_logger.record_step(0, 0, len(plan.preempted))
@@ -371,6 +372,7 @@ class LLMEngine:
             logits = step.logits[: len(rows)] if rows == list(range(len(rows))) else step.logits[rows]
             sampled = self.sampler(logits, owners)
             changed = self._update(plan, step, owners, sampled)
+            self.scheduler.record_step_time(plan, time.perf_counter() - started)
             self._record_step(plan, len(owners))
             return self._outputs(changed)
         except Exception as exc:

@@ -83,6 +83,13 @@ class Scheduler(ABC):
         (ignored unless that chunk completes its sequence). Returns the requests that finished
         (stop token, ``max_tokens`` or ``max_model_len``), whose blocks are already freed."""
 
+    def record_step_time(self, output: SchedulerOutput, seconds: float) -> None:
+        """How long the step planned as ``output`` took, end to end (plan, forward, sampling,
+        update), in seconds; called after :meth:`update`. A scheduler that sizes steps by time
+        learns from it; the default ignores it. Schedulers must also work when it is never called
+        (a driver without a clock)."""
+        return None
+
     @abstractmethod
     def has_unfinished(self) -> bool:
         """True while any request is waiting or running."""

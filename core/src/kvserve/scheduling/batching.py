@@ -1,5 +1,6 @@
 """Continuous batching: token budget, max sequences, chunked prefill (with an optional per-request
-cap on a step's prefill chunk), recompute preemption.
+cap on a step's prefill chunk, and an optional time-aware limit on a step's prefill tokens while
+requests decode), recompute preemption.
 
 A scheduler plugin subclasses :class:`BatchingScheduler` and supplies only the policy:
 the order of the waiting queue, which running request to preempt, and whether a waiting
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvserve.interfaces.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
 from kvserve.request import Request, RequestStatus
+from kvserve.scheduling.prefill_time_budget import PrefillTimeBudget
 
 if TYPE_CHECKING:
     from kvserve.config import SchedulerConfig
@@ -24,7 +26,9 @@ if TYPE_CHECKING:
 class BatchingScheduler(Scheduler):
     """Each step: running requests first (decodes and unfinished prefill chunks), preempting
     :meth:`preemption_victim` while blocks run out; then, if no one had to be preempted,
-    waiting requests in policy order while budget, sequence slots and blocks last. The first
+    waiting requests in policy order while budget, sequence slots and blocks last. With
+    ``max_decode_slowdown`` set, prefill chunks (of running and admitted requests) share a
+    further limit while requests decode (see :class:`PrefillTimeBudget`). The first
     waiting request of a step, short of blocks or of a slot, preempts running victims as long
     as :meth:`may_preempt_for` allows; otherwise admission stops for this step."""
 
@@ -58,6 +62,8 @@ class BatchingScheduler(Scheduler):
         self.running: list[Request] = []
         self._arrival = itertools.count()
         self._arrival_index: dict[str, int] = {}
+        slowdown = config.max_decode_slowdown
+        self.prefill_time_budget = PrefillTimeBudget(slowdown) if slowdown else None
 
     def _queue_key(self, request: Request) -> tuple[Any, int]:
         return self.admission_key(request), self.arrival_order(request)
@@ -85,11 +91,14 @@ class BatchingScheduler(Scheduler):
         output = SchedulerOutput()
         scheduled: dict[str, ScheduledRequest] = {}
         budget = self.config.max_num_batched_tokens
+        prefill_budget = self._prefill_limit() or budget
 
         for request in list(self.running):
-            if request.status is not RequestStatus.RUNNING or budget == 0:
+            decoding = request.num_computed_tokens >= request.num_prompt_tokens
+            limit = budget if decoding else min(budget, prefill_budget)
+            if request.status is not RequestStatus.RUNNING or limit == 0:
                 continue  # preempted earlier in this loop, or no budget left
-            num_new = self._chunk(request.num_tokens - request.num_computed_tokens, budget)
+            num_new = self._chunk(request.num_tokens - request.num_computed_tokens, limit)
             while not self.kv_cache.allocate_slots(request, num_new):
                 victim = self.preemption_victim(self.running)
                 budget += self._preempt(victim, output, scheduled)
@@ -98,9 +107,10 @@ class BatchingScheduler(Scheduler):
             else:
                 scheduled[request.request_id] = ScheduledRequest(request, request.num_computed_tokens, num_new)
                 budget -= num_new
+                prefill_budget -= 0 if decoding else num_new
 
         if not output.preempted:  # else blocks ran short: let the running requests progress first
-            self._admit_waiting(output, scheduled, budget)
+            self._admit_waiting(output, scheduled, min(budget, prefill_budget))  # admissions only prefill
         output.scheduled = list(scheduled.values())
         return output
 
@@ -138,6 +148,19 @@ class BatchingScheduler(Scheduler):
             request.num_computed_tokens = 0
             return None
         return ScheduledRequest(request, cached, num_new)
+
+    def _prefill_limit(self) -> int | None:
+        """The time-aware limit on this step's prefill tokens, given the requests about to decode; None: none."""
+        if self.prefill_time_budget is None:
+            return None
+        decoding = sum(
+            r.status is RequestStatus.RUNNING and r.num_computed_tokens >= r.num_prompt_tokens for r in self.running
+        )
+        return self.prefill_time_budget.prefill_tokens(decoding)
+
+    def record_step_time(self, output: SchedulerOutput, seconds: float) -> None:
+        if self.prefill_time_budget is not None:
+            self.prefill_time_budget.record(output, seconds)
 
     def _chunk(self, remaining: int, budget: int) -> int:
         """Tokens to compute this step of a request with ``remaining`` uncomputed ones: what the

@@ -54,6 +54,7 @@ class Workload:
     enable_prefix_caching: bool
     usable_blocks: int
     long_prefill_token_threshold: int = 0
+    max_decode_slowdown: float = 0
     block_size: int = 4
     max_model_len: int = 48
     vocab: int = 32
@@ -138,6 +139,9 @@ class SchedulerDriver:
       holds, and returns each finished request once; aborted requests are never scheduled again;
     - at the end, every request that was not aborted has finished and every block is free.
 
+    Given ``step_seconds`` (a plan's duration on a made-up clock), each step's time is reported
+    with ``record_step_time`` after ``update``, as the engine reports the time it measured.
+
     A broken rule raises :class:`ContractViolation` naming the step, the request and the rule.
     """
 
@@ -149,6 +153,7 @@ class SchedulerDriver:
         policy_key: Callable[[Request], Any] | None = None,
         expected_victim: Callable[[list[Request]], Request | None] | None = None,
         max_steps: int = 5000,
+        step_seconds: Callable[[SchedulerOutput], float] | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.kv: KVCacheManager = scheduler.kv_cache
@@ -157,6 +162,7 @@ class SchedulerDriver:
         self.policy_key = policy_key
         self.expected_victim = expected_victim
         self.max_steps = max_steps
+        self.step_seconds = step_seconds
         self.live: dict[str, Request] = {}
         self.running: list[Request] = []
         """Admitted requests in admission order (the driver's own bookkeeping, not the scheduler's)."""
@@ -225,6 +231,8 @@ class SchedulerDriver:
         self._check_update(plan, sampled, completes, before, finished)
         self._check_blocks("update()")
         self._check_counts("update()")
+        if self.step_seconds is not None:
+            self.scheduler.record_step_time(plan, self.step_seconds(plan))
         return plan
 
     def run(self, arrivals: list[Arrival]) -> RunResult:

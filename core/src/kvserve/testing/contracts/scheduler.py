@@ -12,6 +12,7 @@ from kvserve.plugins import load_component
 from kvserve.request import Request, RequestStatus
 from kvserve.sampling_params import SamplingParams
 from kvserve.scheduling import BatchingScheduler
+from kvserve.scheduling.prefill_time_budget import split_tokens
 from kvserve.testing.contracts._base import ComponentContract, reported_as
 from kvserve.testing.scheduler_driver import Arrival, SchedulerDriver, Workload, random_workload
 
@@ -78,6 +79,7 @@ class SchedulerContract(ComponentContract):
             max_num_batched_tokens=workload.max_num_batched_tokens,
             enable_chunked_prefill=workload.enable_chunked_prefill,
             long_prefill_token_threshold=workload.long_prefill_token_threshold,
+            max_decode_slowdown=workload.max_decode_slowdown,
         )
         return component(config, manager, workload.max_model_len)
 
@@ -193,6 +195,37 @@ class SchedulerContract(ComponentContract):
         first = sorted(item.num_tokens for item in plans[0].scheduled)
         assert first == [5, 5, 5], f"first step's chunks {first}: three prompts, each capped at 5"
         assert all(len(r.output_token_ids) == 3 for r in driver.result.requests.values())
+
+    def test_max_decode_slowdown_keeps_steps_that_decode_within_it(self, component):
+        """With ``max_decode_slowdown=2`` and step times from a made-up cost (a decode-only step
+        1 s, each prefill token 0.25 s more), a prompt arriving while others decode is computed in
+        chunks that keep every step that decodes within 2 s; the limit is learnt from the reported
+        times (chunks grow to the 4 tokens it allows), and the prompt completes."""
+        workload = random_workload(0, tiny_cache=False, aborts=0).with_(
+            max_num_batched_tokens=32, max_num_seqs=4, max_decode_slowdown=2.0
+        )
+        scheduler = self.make_scheduler(component, workload)
+
+        def seconds(plan):
+            return 1.0 + 0.25 * split_tokens(plan)[1]
+
+        driver = SchedulerDriver(scheduler, vocab=workload.vocab, step_seconds=seconds)
+        for i in range(2):
+            driver.add(Arrival(0, f"decode{i}", [3 + i] * 4, SamplingParams(max_tokens=30, ignore_eos=True)))
+        chunks, decoding_steps = [], []
+        with reported_as(f"scheduler {self.scheduler!r}"):
+            driver.step()  # both prompts: nothing decodes yet, so no limit
+            driver.step()  # decode-only: the reference time
+            long = driver.add(Arrival(0, "long", [9] * 24, SamplingParams(max_tokens=2, ignore_eos=True)))
+            while scheduler.has_unfinished():
+                plan = driver.step()
+                decodes, prefill = split_tokens(plan)
+                if decodes and prefill:
+                    chunks.append(prefill)
+                    decoding_steps.append(seconds(plan))
+        assert decoding_steps and max(decoding_steps) <= 2.0, f"steps that decode took {decoding_steps} s (limit 2 s)"
+        assert sum(chunks) == 24 and max(chunks) == 4, f"the prompt's chunks {chunks}: at most 4 tokens, learnt"
+        assert long.status is RequestStatus.FINISHED_LENGTH and len(long.output_token_ids) == 2
 
     def test_without_chunked_prefill_a_prompt_runs_whole(self, component):
         """Without chunked prefill, each prompt is computed in one chunk within the budget."""

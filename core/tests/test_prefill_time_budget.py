@@ -1,0 +1,59 @@
+"""PrefillTimeBudget: the prefill tokens a step that decodes may carry, learnt from step times."""
+
+from __future__ import annotations
+
+from kvserve.interfaces.scheduler import ScheduledRequest, SchedulerOutput
+from kvserve.request import Request
+from kvserve.sampling_params import SamplingParams
+from kvserve.scheduling.prefill_time_budget import PrefillTimeBudget, split_tokens
+
+
+def plan(decodes: int, prefill: int) -> SchedulerOutput:
+    """``decodes`` requests one token past their 4-token prompts, and one prompt's ``prefill``-token chunk."""
+    scheduled = [ScheduledRequest(Request(f"d{i}", [1] * 4, SamplingParams()), 4, 1) for i in range(decodes)]
+    if prefill:
+        scheduled.append(ScheduledRequest(Request("p", [1] * 1000, SamplingParams()), 10, prefill))
+    return SchedulerOutput(scheduled)
+
+
+def test_a_plan_splits_into_decodes_and_prefill_tokens_a_recompute_prefilling():
+    recomputed = Request("r", [1] * 4, SamplingParams(), output_token_ids=[5, 6])
+    output = plan(3, 7)
+    output.scheduled.append(ScheduledRequest(recomputed, 0, 6))  # preempted: prompt and output again
+    assert split_tokens(output) == (3, 13)
+
+
+def test_no_limit_until_a_decode_only_step_is_timed_nor_when_nothing_decodes():
+    budget = PrefillTimeBudget(2.0)
+    assert budget.prefill_tokens(8) is None
+    budget.record(plan(0, 500), 3.0)  # only prefill: says nothing about decoding
+    assert budget.prefill_tokens(8) is None
+    budget.record(plan(8, 0), 0.02)
+    assert budget.prefill_tokens(0) is None
+    assert budget.prefill_tokens(8) == 8  # first guess: a prefill token costs a decode token's share
+
+
+def test_the_limit_converges_to_what_keeps_a_step_within_the_slowdown():
+    """Steps cost 20 ms plus 0.5 ms per prefill token: at 1.5x, 10 ms of prefill is 20 tokens."""
+    budget = PrefillTimeBudget(1.5)
+    budget.record(plan(16, 0), 0.020)
+    for _ in range(40):
+        tokens = budget.prefill_tokens(16)
+        budget.record(plan(16, tokens), 0.020 + 0.0005 * tokens)
+    assert budget.prefill_tokens(16) == 20
+
+
+def test_a_mixed_step_timed_below_the_decode_estimate_does_not_lift_the_limit():
+    budget = PrefillTimeBudget(2.0)
+    budget.record(plan(4, 0), 0.010)
+    budget.record(plan(4, 8), 0.009)  # noise: faster than a decode-only step
+    limit = budget.prefill_tokens(4)
+    assert 1 <= limit <= 2048, limit
+    assert budget.prefill_token_seconds > 0
+
+
+def test_a_limit_below_one_token_still_lets_a_prompt_progress():
+    budget = PrefillTimeBudget(1.01)
+    budget.record(plan(2, 0), 0.010)
+    budget.record(plan(2, 4), 0.050)
+    assert budget.prefill_tokens(2) == 1

@@ -1,0 +1,50 @@
+"""``max_decode_slowdown`` through the engine: the steps it times reach the scheduler, a prompt that
+arrives while others decode is chunked by time, and greedy tokens stay those of an unlimited run."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvserve import LLM, SamplingParams
+from kvserve.scheduling.prefill_time_budget import split_tokens
+from kvserve.testing.hf_models import build_tiny_model
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return build_tiny_model("llama", tmp_path_factory.mktemp("prefill_time"))
+
+
+def run(model_dir, **fields) -> tuple[dict[str, list[int]], list[tuple[int, int]], LLM]:
+    """Four requests decode; after two steps a 100-token prompt arrives. Returns every request's
+    tokens, each step's (decodes, prefill tokens), and the LLM."""
+    llm = LLM(str(model_dir), max_model_len=256, num_kv_blocks=64, block_size=16, dtype="float32", **fields)
+    engine, plans = llm.engine, []
+    schedule = engine.scheduler.schedule
+
+    def recording_schedule():
+        plans.append(schedule())
+        return plans[-1]
+
+    engine.scheduler.schedule = recording_schedule
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    for i in range(4):
+        engine.add_request(f"decode{i}", [5 + i] * (6 + i), params)
+    tokens = {}
+    while engine.has_unfinished_requests():
+        if len(plans) == 2:
+            engine.add_request("long", [(7 * j) % 300 + 3 for j in range(100)], params)
+        for output in engine.step():
+            tokens[output.request_id] = output.outputs[0].token_ids
+    return tokens, [split_tokens(plan) for plan in plans], llm
+
+
+def test_a_prompt_among_decodes_is_chunked_by_time_with_the_same_greedy_tokens(model_dir):
+    unlimited, unlimited_steps, _ = run(model_dir)
+    limited, steps, llm = run(model_dir, max_decode_slowdown=1.5)
+    assert limited == unlimited
+    assert (4, 100) in unlimited_steps, f"without the limit the prompt runs whole beside the decodes: {unlimited_steps}"
+    chunks = [prefill for decodes, prefill in steps if decodes and prefill]
+    assert sum(chunks) == 100 and chunks[0] == 2, f"chunks {chunks}: the first, before any is timed, is 0.5 x 4 decodes"
+    budget = llm.engine.scheduler.prefill_time_budget
+    assert budget.decode_step_seconds > 0 and budget.prefill_token_seconds > 0, "the engine reports step times"
