@@ -1,5 +1,6 @@
 """The C++ paged attention operator against the float64 reference: dtypes, GQA/MQA, sliding
-windows, soft-caps, block-boundary lengths, mixed batches and long decodes split across threads;
+windows, soft-caps, block-boundary lengths, mixed batches, and long decodes and short chunks over
+long contexts split across threads;
 the cache-write operator against ``index_copy_``."""
 
 import dataclasses
@@ -88,6 +89,23 @@ def test_long_decodes_split_into_key_slices(dtype, window):
     try:
         for seqs in ([(2999, 1)], [(1500, 1), (777, 1)]):
             case = in_dtype(make_paged_case(seqs, 8, 1, 64, 16, seed=len(seqs)), dtype)
+            layer = LayerAttentionSpec(0.125, sliding_window=window, logits_soft_cap=20.0 if window else None)
+            check(case, layer, dtype, run_kernel(case, layer, dtype))
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("window", [None, 300, 1000])
+def test_short_chunks_over_long_contexts_split_into_key_slices(dtype, window):
+    """A chunk of a few rows after thousands of keys, beside short decodes, costs more than a
+    thread's share of the step: on two threads its keys are sliced and every row's slices merged,
+    slices past a row's position (causal) being empty; windows that start inside a slice."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for seqs in ([(1500, 10), (40, 1), (90, 1)], [(2999, 16), (1200, 3), (7, 1)]):
+            case = in_dtype(make_paged_case(seqs, 9, 3, 64, 16, seed=len(seqs[0])), dtype)
             layer = LayerAttentionSpec(0.125, sliding_window=window, logits_soft_cap=20.0 if window else None)
             check(case, layer, dtype, run_kernel(case, layer, dtype))
     finally:

@@ -11,10 +11,10 @@
 // gather, no padding to the longest sequence. Scores, softmax and the output accumulate in float32
 // for float32, bfloat16 and float16 inputs (two passes: the scores of a query row's visible keys are
 // kept in a per-thread buffer). Work is one (sequence, query rows) item over every head, or, for a
-// long decode, a slice of its keys merged afterwards (flash-decoding), so that two threads get even
-// shares; items are handed out largest first from a shared counter on torch's intra-op pool. An
-// item walks each cache block's token rows (all KV heads) front to back, prefetching the next tile's
-// keys and values a little at a time.
+// long decode or a short chunk over a long context, a slice of its keys merged afterwards
+// (flash-decoding), so that two threads get even shares; items are handed out largest first from a
+// shared counter on torch's intra-op pool. An item walks each cache block's token rows (all KV
+// heads) front to back, prefetching the next tile's keys and values a little at a time.
 // With AVX-512 (float32; bfloat16 q·k also needs AVX512-BF16) and a head size of 64, 128 or 256
 // (compiled in), q·k runs 16 keys at a time with one transpose-add reduction, and p·V keeps a GQA
 // group's accumulators in registers so each value row is converted once for the group; other
@@ -219,9 +219,10 @@ struct Item {
   int64_t seq;      // row of block_tables / seq_lens
   int64_t q_begin;  // query rows of the sequence, relative to its first new token
   int64_t q_end;
-  int64_t key_begin;  // a decode's key slice [key_begin, key_end); -1: all visible keys
+  int64_t key_begin;  // a key slice [key_begin, key_end) of every row; -1: all visible keys
   int64_t key_end;
-  int64_t partial;  // where a slice's (max, sum, acc) go in the partials buffer; -1: write out directly
+  int64_t partial;  // where a slice's first row's (max, sum, acc) go in the partials buffer (row r: partial + r);
+                    // -1: write out directly
   int64_t cost;     // keys times query rows: the order items are handed out in
 };
 
@@ -444,8 +445,8 @@ void run_item(const Problem& p, const Item& item, const T* query, const T* kv, T
 
     weigh_values<T, HEAD_DIM>(p, keys, n, sc, stride, s.acc.data(), s);
 
-    if (item.partial >= 0) {  // a key slice of a decode: (max, sum, acc) per head, merged later
-      float* part = partials + item.partial * H * (D + 2);
+    if (item.partial >= 0) {  // a key slice: (max, sum, acc) per head, merged later
+      float* part = partials + (item.partial + i - item.q_begin) * H * (D + 2);
       for (int64_t h = 0; h < H; ++h) {
         float* ph = part + h * (D + 2);
         ph[0] = maxes[h];
@@ -460,20 +461,21 @@ void run_item(const Problem& p, const Item& item, const T* query, const T* kv, T
   }
 }
 
-// Combines a decode's key slices: out = sum_k exp(m_k - M) acc_k / sum_k exp(m_k - M) sum_k.
+// Combines the key slices of one query row (token), partials first, first + stride, ...:
+// out = sum_k exp(m_k - M) acc_k / sum_k exp(m_k - M) sum_k. A slice wholly after the row's
+// position (a chunk's early rows) is empty: sum 0, skipped.
 template <typename T>
-void merge_slices(const Problem& p, int64_t seq, int64_t first, int64_t count, const float* partials, T* out,
-                  std::vector<float>& acc) {
+void merge_slices(const Problem& p, int64_t token, int64_t first, int64_t count, int64_t stride,
+                  const float* partials, T* out, std::vector<float>& acc) {
   const int64_t D = p.head_dim, H = p.heads;
   acc.resize(D);
-  const int64_t token = p.query_start[seq];
   for (int64_t h = 0; h < H; ++h) {
     float m = -std::numeric_limits<float>::infinity();
-    for (int64_t k = 0; k < count; ++k) m = std::max(m, partials[((first + k) * H + h) * (D + 2)]);
+    for (int64_t k = 0; k < count; ++k) m = std::max(m, partials[((first + k * stride) * H + h) * (D + 2)]);
     float sum = 0.f;
     std::fill(acc.begin(), acc.end(), 0.f);
     for (int64_t k = 0; k < count; ++k) {
-      const float* ph = partials + ((first + k) * H + h) * (D + 2);
+      const float* ph = partials + ((first + k * stride) * H + h) * (D + 2);
       if (ph[1] == 0.f) continue;  // an empty slice
       const float w = std::exp(ph[0] - m);
       sum += w * ph[1];
@@ -537,42 +539,51 @@ void paged_attention_out(at::Tensor& out, const at::Tensor& query, const at::Ten
   p.seq_lens = seq_lens.data_ptr<int32_t>();
   p.query_start = query_start_loc.data_ptr<int32_t>();
 
-  // plan: query tiles for prefills; decodes whole, or in key slices when there are too few of them
+  // plan: query tiles for prefills; decodes whole. A decode's keys are sliced when the decodes alone
+  // cannot keep every thread busy for long; a short prefill's (a chunk among decodes) when, whole, it
+  // would be one item costlier than a thread's fair share of the step, leaving one thread to finish it
+  // alone. Slices split keys, not rows, so each key row is still read once.
   const int64_t threads = at::get_num_threads();
-  int64_t decodes = 0;
-  for (int64_t seq = 0; seq < num; ++seq) decodes += p.query_start[seq + 1] - p.query_start[seq] == 1;
+  int64_t decodes = 0, total_cost = 0;  // cost: query rows times the keys they span
+  const auto span_begin = [&](int64_t seq_len, int64_t q_len) {  // the first key any of the rows sees
+    return p.window > 0 ? std::max<int64_t>(0, seq_len - q_len - p.window + 1) : 0;
+  };
+  for (int64_t seq = 0; seq < num; ++seq) {
+    const int64_t q_len = p.query_start[seq + 1] - p.query_start[seq], seq_len = p.seq_lens[seq];
+    TORCH_CHECK(seq_len >= q_len && (seq_len + p.block_size - 1) / p.block_size <= p.max_blocks,
+                "sequence ", seq, ": seq_len ", seq_len, " does not fit its query or block table");
+    decodes += q_len == 1;
+    total_cost += q_len * (seq_len - span_begin(seq_len, q_len));
+  }
+  const int64_t fair_share = std::max<int64_t>(1, total_cost / (2 * threads));
   std::vector<Item> items;
-  struct Merge { int64_t seq, first, count; };
+  struct Merge { int64_t token, first, count, stride; };  // a row's slices: partials first, first + stride, ...
   std::vector<Merge> merges;
   int64_t num_partials = 0;
   for (int64_t seq = 0; seq < num; ++seq) {
     const int64_t q_len = p.query_start[seq + 1] - p.query_start[seq];
     const int64_t seq_len = p.seq_lens[seq];
-    TORCH_CHECK(seq_len >= q_len && (seq_len + p.block_size - 1) / p.block_size <= p.max_blocks,
-                "sequence ", seq, ": seq_len ", seq_len, " does not fit its query or block table");
     if (q_len == 0) continue;
-    const int64_t visible = p.window > 0 ? std::min(seq_len, p.window) : seq_len;
-    if (q_len > 1) {
+    const int64_t lo = span_begin(seq_len, q_len), span = seq_len - lo;
+    int64_t slices = 1;
+    if (threads > 1 && q_len == 1 && decodes < 4 * threads)
+      slices = std::min<int64_t>((4 * threads + decodes - 1) / decodes, span / kMinSliceKeys);
+    else if (threads > 1 && q_len > 1 && q_len <= kQueryTile)
+      slices = std::min<int64_t>((q_len * span + fair_share - 1) / fair_share, span / kMinSliceKeys);
+    if (slices <= 1) {
       for (int64_t q0 = 0; q0 < q_len; q0 += kQueryTile) {
         const int64_t q1 = std::min(q_len, q0 + kQueryTile);
-        items.push_back({seq, q0, q1, -1, -1, -1, visible * (q1 - q0)});
+        items.push_back({seq, q0, q1, -1, -1, -1, span * (q1 - q0)});
       }
       continue;
     }
-    // split a decode's keys when the decodes alone cannot keep every thread busy for long
-    const int64_t lo = seq_len - visible;
-    int64_t slices = 1;
-    if (threads > 1 && decodes < 4 * threads)
-      slices = std::min<int64_t>((4 * threads + decodes - 1) / decodes, visible / kMinSliceKeys);
-    if (slices <= 1) {
-      items.push_back({seq, 0, 1, -1, -1, -1, visible});
-      continue;
+    // partials slice-major: slice k's row r at num_partials + k * q_len + r
+    for (int64_t r = 0; r < q_len; ++r) merges.push_back({p.query_start[seq] + r, num_partials + r, slices, q_len});
+    for (int64_t k = 0; k < slices; ++k) {
+      const int64_t b = lo + span * k / slices, e = lo + span * (k + 1) / slices;
+      items.push_back({seq, 0, q_len, b, e, num_partials + k * q_len, (e - b) * q_len});
     }
-    merges.push_back({seq, num_partials, slices});
-    for (int64_t s = 0; s < slices; ++s) {
-      const int64_t b = lo + visible * s / slices, e = lo + visible * (s + 1) / slices;
-      items.push_back({seq, 0, 1, b, e, num_partials++, e - b});
-    }
+    num_partials += slices * q_len;
   }
   std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.cost > b.cost; });
   std::vector<float> partials(num_partials * p.heads * (p.head_dim + 2));
@@ -595,7 +606,7 @@ void paged_attention_out(at::Tensor& out, const at::Tensor& query, const at::Ten
       run_dynamic(static_cast<int64_t>(merges.size()), [&](int64_t i) {
         thread_local std::vector<float> acc;
         const Merge& m = merges[i];
-        merge_slices<scalar_t>(p, m.seq, m.first, m.count, parts, o, acc);
+        merge_slices<scalar_t>(p, m.token, m.first, m.count, m.stride, parts, o, acc);
       });
   };
   switch (query.scalar_type()) {
