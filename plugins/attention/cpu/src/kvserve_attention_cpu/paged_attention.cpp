@@ -10,11 +10,12 @@
 // kv_cache is (2, num_blocks, block_size, kv_heads, head_dim), K then V, read where it lies: no
 // gather, no padding to the longest sequence. Scores, softmax and the output accumulate in float32
 // for float32, bfloat16 and float16 inputs (two passes over a window of keys, whose scores a
-// per-thread buffer keeps; a prefill's rows share each window, merging their windows as they go). Work is one (sequence, query rows) item over every head, or, for a
-// long decode or a short chunk over a long context, a slice of its keys merged afterwards
-// (flash-decoding), so that two threads get even shares; items are handed out largest first from a
-// shared counter on torch's intra-op pool. An item walks each cache block's token rows (all KV
-// heads) front to back, prefetching the next tile's keys and values a little at a time.
+// per-thread buffer keeps; a prefill's rows share each window, merging their windows as they go).
+// Work is one (sequence, query rows) item over every head, or, for a long decode or a short chunk
+// over a long context, a slice of its keys merged afterwards (flash-decoding), so that two threads
+// get even shares; items are handed out largest first from a shared counter on torch's intra-op
+// pool. An item walks each cache block's token rows (all KV heads) front to back, prefetching the
+// next tile's keys and values a little at a time.
 // With AVX-512 (float32; bfloat16 q·k also needs AVX512-BF16) and a head size of 64, 128 or 256
 // (compiled in), q·k runs 16 keys at a time with one transpose-add reduction, and p·V keeps a GQA
 // group's accumulators in registers so each value row is converted once for the group; other
@@ -258,7 +259,7 @@ inline void prefetch_rows(const T* const* keys, int64_t from, int64_t to, int64_
 }
 
 // Scores of query row q_row (all heads) against keys[0..n): sc[h * stride + j], scaled. With `fetch`
-// (an item's first query row; its later rows find the rows cached), each tile of keys prefetches the
+// (the first row through a window of keys; the later rows find them cached), each tile of keys prefetches the
 // next tile's key and value rows, a share before each head's dot products: issued in one burst, the
 // requests overflow the core's miss queue and stall the loads behind them (measured: decode 1.2-1.5x
 // slower from a cold cache). The values come along because they are weighed right after the scores.
@@ -455,7 +456,10 @@ void run_item(const Problem& p, const Item& item, const T* query, const T* kv, T
   const int64_t window = rows == 1 ? std::max<int64_t>(last - first, 1)  // a decode: nothing to share
                                    : std::max<int64_t>(kKeyTile, kWindowBytes / key_bytes / kKeyTile * kKeyTile);
   s.state.resize(rows * H * (D + 2));  // per row and head: max, sum, acc[D]; sum 0: nothing yet
-  for (int64_t k = 0; k < rows * H; ++k) s.state[k * (D + 2) + 1] = 0.f;
+  for (int64_t k = 0; k < rows * H; ++k) {  // a row that sees none of a slice's keys stays so (merged as empty)
+    s.state[k * (D + 2)] = -std::numeric_limits<float>::infinity();
+    s.state[k * (D + 2) + 1] = 0.f;
+  }
   s.stats.resize(2 * H);
   float *maxes = s.stats.data(), *sums = maxes + H;
   for (int64_t w0 = first; w0 < last; w0 += window) {
