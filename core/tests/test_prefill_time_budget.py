@@ -43,13 +43,16 @@ def test_the_limit_converges_to_what_keeps_a_step_within_the_slowdown():
     assert budget.prefill_tokens(16) == 20
 
 
-def test_a_mixed_step_timed_below_the_decode_estimate_does_not_lift_the_limit():
+def test_a_mixed_step_timed_below_the_decode_estimate_at_most_doubles_the_limit():
+    """The decode-only estimate can be stale (its batch has changed) and a mixed step then looks
+    nearly free: the next step may carry twice the prefill, not the whole token budget."""
     budget = PrefillTimeBudget(2.0)
     budget.record(plan(4, 0), 0.010)
-    budget.record(plan(4, 8), 0.009)  # noise: faster than a decode-only step
-    limit = budget.prefill_tokens(4)
-    assert 1 <= limit <= 2048, limit
+    budget.record(plan(4, 8), 0.009)  # faster than the decode-only estimate
     assert budget.prefill_token_seconds > 0
+    assert budget.prefill_tokens(4) == 16
+    budget.record(plan(4, 16), 0.009)
+    assert budget.prefill_tokens(4) == 32
 
 
 def test_a_limit_below_one_token_still_lets_a_prompt_progress():

@@ -31,7 +31,9 @@ class PrefillTimeBudget:
     to a step that also decodes; from them, the prefill tokens a step may carry.
 
     Until a decode-only step has been measured there is no limit, so a scheduler whose engine
-    reports no step times behaves as without this budget.
+    reports no step times behaves as without this budget. The limit at most doubles from one step
+    that prefills to the next: an estimate thrown low (the decode-only time it subtracts is from a
+    batch that has since changed) then costs one step twice as long, not a chunk of the whole budget.
     """
 
     def __init__(self, max_slowdown: float) -> None:
@@ -39,6 +41,8 @@ class PrefillTimeBudget:
         self.max_slowdown = max_slowdown
         self.decode_step_seconds: float | None = None
         self.prefill_token_seconds: float | None = None
+        self.last_prefill_tokens: int | None = None
+        """Prefill tokens of the last measured step that also decoded."""
 
     def prefill_tokens(self, num_decodes: int) -> int | None:
         """Most prefill tokens for a step that decodes ``num_decodes`` requests (at least 1, so prompts
@@ -51,7 +55,8 @@ class PrefillTimeBudget:
         if num_decodes == 0 or self.decode_step_seconds is None:
             return None
         per_token = self.prefill_token_seconds or self.decode_step_seconds / num_decodes
-        return max(1, int((self.max_slowdown - 1) * self.decode_step_seconds / per_token))
+        limit = max(1, int((self.max_slowdown - 1) * self.decode_step_seconds / per_token))
+        return limit if self.last_prefill_tokens is None else min(limit, 2 * self.last_prefill_tokens)
 
     def record(self, output: SchedulerOutput, seconds: float) -> None:
         """Learn from a finished step: a decode-only step updates the decode estimate; a step with
@@ -67,6 +72,7 @@ class PrefillTimeBudget:
             # prefill tokens look free, which would lift the limit entirely.
             extra = max(seconds - self.decode_step_seconds, 0.01 * self.decode_step_seconds)
             self.prefill_token_seconds = _average(self.prefill_token_seconds, extra / prefill)
+            self.last_prefill_tokens = prefill
 
 
 def _average(previous: float | None, value: float) -> float:
