@@ -43,16 +43,20 @@ def test_the_limit_converges_to_what_keeps_a_step_within_the_slowdown():
     assert budget.prefill_tokens(16) == 20
 
 
-def test_a_mixed_step_timed_below_the_decode_estimate_at_most_doubles_the_limit():
-    """The decode-only estimate can be stale (its batch has changed) and a mixed step then looks
-    nearly free: the next step may carry twice the prefill, not the whole token budget."""
+def test_a_mixed_step_faster_than_the_decode_estimate_lowers_it_and_the_limit_at_most_doubles():
+    """When the batch that decodes shrinks, the decode-only estimate is stale: a mixed step taking
+    less than it lowers it (so prefill does not look free), and the limit grows at most 2x a step."""
     budget = PrefillTimeBudget(2.0)
-    budget.record(plan(4, 0), 0.010)
-    budget.record(plan(4, 8), 0.009)  # faster than the decode-only estimate
-    assert budget.prefill_token_seconds > 0
-    assert budget.prefill_tokens(4) == 16
-    budget.record(plan(4, 16), 0.009)
-    assert budget.prefill_tokens(4) == 32
+    budget.record(plan(28, 0), 0.030)
+    budget.record(plan(28, 28), 0.045)  # 0.5 ms a prefill token beyond the 30 ms
+    assert budget.prefill_token_seconds == 0.015 / 28
+    budget.record(plan(2, 28), 0.020)  # two decodes now: faster than the 30 ms estimate
+    assert budget.decode_step_seconds == 0.5 * 0.020  # 20 ms less 15 of prefill, but at least half the step
+    assert 0 < budget.prefill_tokens(2) <= 2 * 28
+    for _ in range(6):
+        limit = budget.prefill_tokens(2)
+        budget.record(plan(2, limit), 0.001)  # implausibly fast steps: the limit still only doubles
+        assert budget.prefill_tokens(2) <= 2 * limit
 
 
 def test_a_limit_below_one_token_still_lets_a_prompt_progress():

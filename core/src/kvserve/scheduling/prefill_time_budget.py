@@ -61,15 +61,22 @@ class PrefillTimeBudget:
     def record(self, output: SchedulerOutput, seconds: float) -> None:
         """Learn from a finished step: a decode-only step updates the decode estimate; a step with
         decodes and prefill tokens updates the prefill token's cost, as its time beyond a decode-only
-        step. Steps that only prefill say nothing about either and are ignored."""
+        step. Steps that only prefill say nothing about either and are ignored.
+
+        A step with prefill that took less than the decode estimate shows that estimate stale (fewer
+        requests decode than when it was measured): it drops to the step's time less its prefill at
+        the current cost per token (at least half the step), so that prefill does not look free.
+        """
         decodes, prefill = split_tokens(output)
         if decodes == 0:
             return
         if prefill == 0:
             self.decode_step_seconds = _average(self.decode_step_seconds, seconds)
         elif self.decode_step_seconds is not None:
-            # Floored: a mixed step measured faster than the decode estimate (noise) must not make
-            # prefill tokens look free, which would lift the limit entirely.
+            if seconds < self.decode_step_seconds:
+                prefill_seconds = (self.prefill_token_seconds or 0.0) * prefill
+                self.decode_step_seconds = max(seconds - prefill_seconds, 0.5 * seconds)
+            # Floored: noise must not make prefill tokens look free, which would lift the limit.
             extra = max(seconds - self.decode_step_seconds, 0.01 * self.decode_step_seconds)
             self.prefill_token_seconds = _average(self.prefill_token_seconds, extra / prefill)
             self.last_prefill_tokens = prefill
