@@ -26,6 +26,7 @@ import time
 from kvserve import LLM, SamplingParams
 from kvserve.benchmarking.percentile import percentile
 from kvserve.config_sources import config_fields, parse_assignments
+from kvserve.scheduling.prefill_time_budget import split_tokens
 
 
 def timed_steps(llm: LLM, args: argparse.Namespace) -> tuple[list[tuple[float, int, int]], list[float]]:
@@ -62,7 +63,7 @@ def timed_steps(llm: LLM, args: argparse.Namespace) -> tuple[list[tuple[float, i
             if output.request_id.startswith("long"):
                 first_tokens.setdefault(output.request_id, time.perf_counter() - arrived)
         plan = plans[-1]
-        prefill = sum(s.num_tokens for s in plan.scheduled if s.start < s.request.num_prompt_tokens)
+        prefill = split_tokens(plan)[1]
         steps.append((seconds, plan.num_batched_tokens - prefill, prefill))
     engine.scheduler.schedule = schedule
     return steps, sorted(first_tokens.values())

@@ -21,6 +21,12 @@ class ScheduledRequest:
     num_tokens: int
 
     @property
+    def decodes(self) -> bool:
+        """True when this chunk starts past the prompt: the request is generating. A recomputed
+        (preempted) request starts from 0 again, so its chunks prefill."""
+        return self.start >= self.request.num_prompt_tokens
+
+    @property
     def completes_sequence(self) -> bool:
         """True when this chunk reaches the end of the known tokens, so a new token is sampled."""
         return self.start + self.num_tokens == self.request.num_tokens

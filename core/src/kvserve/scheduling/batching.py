@@ -94,7 +94,7 @@ class BatchingScheduler(Scheduler):
         prefill_budget = self._prefill_limit() or budget
 
         for request in list(self.running):
-            decoding = request.num_computed_tokens >= request.num_prompt_tokens
+            decoding = _decoding(request)
             limit = budget if decoding else min(budget, prefill_budget)
             if request.status is not RequestStatus.RUNNING or limit == 0:
                 continue  # preempted earlier in this loop, or no budget left
@@ -153,9 +153,7 @@ class BatchingScheduler(Scheduler):
         """The time-aware limit on this step's prefill tokens, given the requests about to decode; None: none."""
         if self.prefill_time_budget is None:
             return None
-        decoding = sum(
-            r.status is RequestStatus.RUNNING and r.num_computed_tokens >= r.num_prompt_tokens for r in self.running
-        )
+        decoding = sum(r.status is RequestStatus.RUNNING and _decoding(r) for r in self.running)
         return self.prefill_time_budget.prefill_tokens(decoding)
 
     def record_step_time(self, output: SchedulerOutput, seconds: float) -> None:
@@ -223,3 +221,8 @@ class BatchingScheduler(Scheduler):
         self.kv_cache.free(request)
         self._arrival_index.pop(request.request_id, None)
         request.status = status
+
+
+def _decoding(request: Request) -> bool:
+    """Whether ``request``'s next chunk starts past its prompt (what ``ScheduledRequest.decodes`` will say)."""
+    return request.num_computed_tokens >= request.num_prompt_tokens

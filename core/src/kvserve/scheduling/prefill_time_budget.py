@@ -15,11 +15,10 @@ step slowed by the machine moves the estimate a quarter of the way."""
 
 
 def split_tokens(output: SchedulerOutput) -> tuple[int, int]:
-    """(requests decoding, prefill tokens) of a planned step. A request decodes when its chunk starts
-    past its prompt; a recomputed (preempted) request prefills from 0 again."""
+    """(requests decoding, prefill tokens) of a planned step (see ``ScheduledRequest.decodes``)."""
     decodes = prefill = 0
     for item in output.scheduled:
-        if item.start >= item.request.num_prompt_tokens:
+        if item.decodes:
             decodes += 1
         else:
             prefill += item.num_tokens
