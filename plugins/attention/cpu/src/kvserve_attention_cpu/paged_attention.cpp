@@ -259,10 +259,11 @@ inline void prefetch_rows(const T* const* keys, int64_t from, int64_t to, int64_
 }
 
 // Scores of query row q_row (all heads) against keys[0..n): sc[h * stride + j], scaled. With `fetch`
-// (the first row through a window of keys; the later rows find them cached), each tile of keys prefetches the
-// next tile's key and value rows, a share before each head's dot products: issued in one burst, the
-// requests overflow the core's miss queue and stall the loads behind them (measured: decode 1.2-1.5x
-// slower from a cold cache). The values come along because they are weighed right after the scores.
+// (the first row through a window of keys; the later rows find them cached), each tile of keys
+// prefetches the next tile's key and value rows, a share before each head's dot products: issued in
+// one burst, the requests overflow the core's miss queue and stall the loads behind them (measured:
+// decode 1.2-1.5x slower from a cold cache). The values come along because they are weighed right
+// after the scores.
 template <typename T, int HEAD_DIM>
 void score_keys(const Problem& p, const T* q_row, const T* const* keys, int64_t n, float* sc, int64_t stride,
                 Scratch& s, bool fetch) {
@@ -496,29 +497,25 @@ void run_item(const Problem& p, const Item& item, const T* query, const T* kv, T
   }
 }
 
-// Combines the key slices of one query row (token), partials first, first + stride, ...:
-// out = sum_k exp(m_k - M) acc_k / sum_k exp(m_k - M) sum_k. A slice wholly after the row's
-// position (a chunk's early rows) is empty: sum 0, skipped.
+// Combines the key slices of one query row (token), partials first, first + stride, ..., folding
+// each into a running (max, sum, acc) as a prefill row folds its windows. A slice wholly after the
+// row's position (a chunk's early rows) is empty: sum 0, skipped.
 template <typename T>
 void merge_slices(const Problem& p, int64_t token, int64_t first, int64_t count, int64_t stride,
-                  const float* partials, T* out, std::vector<float>& acc) {
+                  const float* partials, T* out, std::vector<float>& state) {
   const int64_t D = p.head_dim, H = p.heads;
-  acc.resize(D);
+  state.resize(D + 2);
   for (int64_t h = 0; h < H; ++h) {
-    float m = -std::numeric_limits<float>::infinity();
-    for (int64_t k = 0; k < count; ++k) m = std::max(m, partials[((first + k * stride) * H + h) * (D + 2)]);
-    float sum = 0.f;
-    std::fill(acc.begin(), acc.end(), 0.f);
+    state[1] = 0.f;
     for (int64_t k = 0; k < count; ++k) {
       const float* ph = partials + ((first + k * stride) * H + h) * (D + 2);
-      if (ph[1] == 0.f) continue;  // an empty slice
-      const float w = std::exp(ph[0] - m);
-      sum += w * ph[1];
-#pragma omp simd
-      for (int64_t d = 0; d < D; ++d) acc[d] += w * ph[2 + d];
+      if (ph[1] != 0.f) fold(state.data(), ph[0], ph[1], ph + 2, D);
     }
     T* o = out + token * p.out_stride_token + h * p.out_stride_head;
-    from_float(acc.data(), o, D, sum > 0.f ? 1.f / sum : 0.f);
+    if (state[1] > 0.f)
+      from_float(state.data() + 2, o, D, 1.f / state[1]);
+    else
+      std::fill(o, o + D, T(0));
   }
 }
 
@@ -639,9 +636,9 @@ void paged_attention_out(at::Tensor& out, const at::Tensor& query, const at::Ten
     });
     if (!merges.empty())
       run_dynamic(static_cast<int64_t>(merges.size()), [&](int64_t i) {
-        thread_local std::vector<float> acc;
+        thread_local std::vector<float> state;
         const Merge& m = merges[i];
-        merge_slices<scalar_t>(p, m.token, m.first, m.count, m.stride, parts, o, acc);
+        merge_slices<scalar_t>(p, m.token, m.first, m.count, m.stride, parts, o, state);
       });
   };
   switch (query.scalar_type()) {
