@@ -104,8 +104,8 @@ def test_short_chunks_over_long_contexts_split_into_key_slices(dtype, window):
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        for seqs in ([(1500, 10), (40, 1), (90, 1)], [(2999, 16), (1200, 3), (7, 1)]):
-            case = in_dtype(make_paged_case(seqs, 9, 3, 64, 16, seed=len(seqs[0])), dtype)
+        for seed, seqs in enumerate(([(1500, 10), (40, 1), (90, 1)], [(2999, 16), (1200, 3), (7, 1)])):
+            case = in_dtype(make_paged_case(seqs, 9, 3, 64, 16, seed=seed), dtype)
             layer = LayerAttentionSpec(0.125, sliding_window=window, logits_soft_cap=20.0 if window else None)
             check(case, layer, dtype, run_kernel(case, layer, dtype))
     finally:

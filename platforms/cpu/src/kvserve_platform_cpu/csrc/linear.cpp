@@ -9,7 +9,8 @@
 // there alternate between waiting for memory and computing. Here every thread streams its own
 // contiguous run of panels and, while its row tiles compute on one chunk of a panel out of L1,
 // prefetches the next chunk into L2 (float32 at decode sizes: half-size chunks, into L1), spreading
-// the requests over the tiles so the stream never stalls; the last chunk's tiles write the output (and add the bias) straight from registers.
+// the requests over the tiles so the stream never stalls; the last chunk's tiles write the output
+// (and add the bias) straight from registers.
 //
 // Layout: columns are cut into panels of 48 (3 vectors of 16 float32 outputs; the last panel may be
 // narrower, width r). A panel holds, for each k (bfloat16: each pair of k, the pair adjacent, the
