@@ -1,6 +1,6 @@
 """The C++ paged attention operator against the float64 reference: dtypes, GQA/MQA, sliding
-windows, soft-caps, block-boundary lengths, mixed batches, and long decodes and short chunks over
-long contexts split across threads;
+windows, soft-caps, block-boundary lengths, mixed batches, prefill rows scored against packed key
+tiles, and long decodes and short chunks over long contexts split across threads;
 the cache-write operator against ``index_copy_``."""
 
 import dataclasses
@@ -108,6 +108,25 @@ def test_short_chunks_over_long_contexts_split_into_key_slices(dtype, window):
             case = in_dtype(make_paged_case(seqs, 9, 3, 64, 16, seed=seed), dtype)
             layer = LayerAttentionSpec(0.125, sliding_window=window, logits_soft_cap=20.0 if window else None)
             check(case, layer, dtype, run_kernel(case, layer, dtype))
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("heads", [(9, 3), (8, 1)], ids=["gqa", "mqa"])
+def test_prefill_tiles_match_reference(dtype, head_dim, heads):
+    """Prefill items whose rows and heads share packed key tiles: a whole prompt, a chunk after more
+    keys than one window holds, tiles that end mid-tile and mid-block, windows that start inside a
+    tile, soft-caps; on two threads a chunk of up to 64 rows over a long context is key-sliced."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for seed, seqs in enumerate(([(0, 100), (1000, 40), (37, 23)], [(1900, 48), (60, 1), (200, 1), (5, 11)])):
+            case = in_dtype(make_paged_case(seqs, *heads, head_dim, 16, seed=seed), dtype)
+            windowed = LayerAttentionSpec(0.1, sliding_window=77, logits_soft_cap=8.0)
+            for layer in (LayerAttentionSpec(head_dim**-0.5), windowed):
+                check(case, layer, dtype, run_kernel(case, layer, dtype))
     finally:
         torch.set_num_threads(threads)
 
