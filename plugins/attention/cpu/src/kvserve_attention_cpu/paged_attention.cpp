@@ -19,9 +19,10 @@
 // pool. An item walks each cache block's token rows (all KV heads) front to back, prefetching the
 // next tile's keys and values a little at a time.
 // With AVX-512 (float32; bfloat16 q·k also needs AVX512-BF16) and a head size of 64, 128 or 256
-// (compiled in), q·k runs 16 keys at a time with one transpose-add reduction, and p·V keeps a GQA
-// group's accumulators in registers so each value row is converted once for the group; other
-// dtypes, head sizes and CPUs take portable loops the compiler vectorizes.
+// (compiled in), a row scored on its own runs q·k 16 keys at a time with one transpose-add
+// reduction, and p·V keeps a GQA group's (or a tile's pairs') accumulators in registers so each
+// value row is converted once for all of them; other dtypes, head sizes and CPUs take portable
+// loops the compiler vectorizes.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
