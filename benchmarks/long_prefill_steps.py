@@ -10,9 +10,11 @@ under 2x a decode-only one follows; and what the limits cost: the long prompts' 
 token. ``--budget`` (repeatable) runs once per ``max_num_batched_tokens`` (the chunk budget),
 ``--threshold`` (repeatable) once per ``long_prefill_token_threshold`` (a per-request cap on a
 step's chunk) and ``--slowdown`` (repeatable) once per ``max_decode_slowdown`` (a time-aware limit
-on a step's prefill while requests decode); ``--kvserve-set FIELD=VALUE`` adds config.
+on a step's prefill while requests decode); ``--kvserve-set FIELD=VALUE`` adds config. The engine
+has the defaults of one that serves (``EngineConfig.for_serving``: ``max_decode_slowdown`` auto is 2).
 
-    python benchmarks/long_prefill_steps.py --threshold 0 --threshold 64 --slowdown 0 --slowdown 2   # embedded SmolLM2
+    python benchmarks/long_prefill_steps.py                                 # embedded SmolLM2, as served
+    python benchmarks/long_prefill_steps.py --slowdown 0 --threshold 0 --threshold 64   # without the time limit
 """
 
 from __future__ import annotations
@@ -23,16 +25,17 @@ import random
 import statistics
 import time
 
-from kvserve import LLM, SamplingParams
+from kvserve import SamplingParams
 from kvserve.benchmarking.percentile import percentile
+from kvserve.config import EngineConfig
 from kvserve.config_sources import config_fields, parse_assignments
+from kvserve.engine.llm_engine import LLMEngine
 from kvserve.scheduling.prefill_time_budget import split_tokens
 
 
-def timed_steps(llm: LLM, args: argparse.Namespace) -> tuple[list[tuple[float, int, int]], list[float]]:
+def timed_steps(engine: LLMEngine, args: argparse.Namespace) -> tuple[list[tuple[float, int, int]], list[float]]:
     """(seconds, decode tokens, prefill tokens) of every step until all requests finish, and each
     long prompt's seconds from arrival to its first token."""
-    engine = llm.engine
     plans = []
     schedule = engine.scheduler.schedule
 
@@ -108,11 +111,13 @@ def main() -> None:
     parser.add_argument(
         "--threshold", type=int, action="append", help="long_prefill_token_threshold (0: none); repeatable"
     )
-    parser.add_argument("--slowdown", type=float, action="append", help="max_decode_slowdown (0: off); repeatable")
+    parser.add_argument(
+        "--slowdown", action="append", help="max_decode_slowdown (0: off; default auto, as served); repeatable"
+    )
     parser.add_argument("--kvserve-set", action="append", default=[], metavar="FIELD=VALUE")
     args = parser.parse_args()
 
-    runs = itertools.product(args.budget or [2048], args.threshold or [0], args.slowdown or [0])
+    runs = itertools.product(args.budget or [2048], args.threshold or [0], args.slowdown or ["auto"])
     for budget, threshold, slowdown in runs:
         fields = {
             "dtype": args.dtype,
@@ -121,10 +126,21 @@ def main() -> None:
             "long_prefill_token_threshold": threshold,
             "max_decode_slowdown": slowdown,
         }
-        llm = LLM(args.model, **config_fields(None, {**fields, **parse_assignments(args.kvserve_set)}))
-        llm.generate([[1] * 16] * 2, SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)  # warm-up
-        report(f"budget {budget:>5} threshold {threshold:>4} slowdown {slowdown:g}", *timed_steps(llm, args))
-        llm.engine.shutdown()
+        assignments = {**fields, **parse_assignments(args.kvserve_set)}
+        engine = LLMEngine(EngineConfig.from_flat(model=args.model, **config_fields(None, assignments)).for_serving())
+        warm_up(engine)
+        served = engine.config.scheduler.decode_slowdown()
+        label = f"budget {budget:>5} threshold {threshold:>4} slowdown {slowdown}" + (
+            f" ({served:g})" if slowdown == "auto" else ""
+        )
+        report(label, *timed_steps(engine, args))
+        engine.shutdown()
+
+
+def warm_up(engine: LLMEngine) -> None:
+    engine.add_request("warm-up", [1] * 16, SamplingParams(temperature=0.0, max_tokens=4))
+    while engine.has_unfinished_requests():
+        engine.step()
 
 
 if __name__ == "__main__":

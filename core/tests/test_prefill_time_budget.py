@@ -23,14 +23,49 @@ def test_a_plan_splits_into_decodes_and_prefill_tokens_a_recompute_prefilling():
     assert split_tokens(output) == (3, 13)
 
 
-def test_no_limit_until_a_decode_only_step_is_timed_nor_when_nothing_decodes():
+def test_no_limit_until_a_decode_only_step_is_timed_nor_when_more_prefill_than_decode():
     budget = PrefillTimeBudget(2.0)
     assert budget.prefill_tokens(8) is None
-    budget.record(plan(0, 500), 3.0)  # only prefill: says nothing about decoding
-    assert budget.prefill_tokens(8) is None
+    budget.record(plan(8, 10), 0.05)  # mixed, but nothing to compare it with yet
+    assert budget.prefill_tokens(8) is None and budget.prefill_token_seconds is None
     budget.record(plan(8, 0), 0.02)
     assert budget.prefill_tokens(0) is None
     assert budget.prefill_tokens(8) == 8  # first guess: a prefill token costs a decode token's share
+    assert budget.prefill_tokens(8, num_prefilling=8) == 8
+    assert budget.prefill_tokens(8, num_prefilling=9) is None  # a burst outnumbering the decodes
+
+
+def test_a_step_that_only_prefills_gives_the_first_guess_of_a_prefill_tokens_cost():
+    budget = PrefillTimeBudget(2.0)
+    budget.record(plan(0, 500), 3.0)  # 6 ms a token, fixed costs included
+    budget.record(plan(0, 10), 1.0)  # only the first such step counts
+    budget.record(plan(8, 0), 0.024)
+    assert budget.prefill_tokens(8) == 4  # 24 ms more at 6 ms a token
+    budget.record(plan(8, 4), 0.028)
+    assert budget.prefill_token_seconds == 0.001  # measured: replaces the guess, not averaged with it
+
+
+def test_a_decode_only_step_is_estimated_on_a_line_through_the_batch_sizes_measured():
+    """Weights read once a step plus a cost per row: 10 ms + 1 ms a decode. A batch size not yet
+    measured is read off the line, so decodes finishing or joining do not leave the estimate stale."""
+    budget = PrefillTimeBudget(2.0)
+    budget.record(plan(4, 0), 0.014)
+    assert budget.decode_step_seconds(28) == 0.014  # one batch size: its mean, no slope to see
+    for decodes in (28, 16, 4, 8):
+        budget.record(plan(decodes, 0), 0.010 + 0.001 * decodes)
+    assert abs(budget.decode_step_seconds(2) - 0.012) < 1e-9
+    assert abs(budget.decode_step_seconds(40) - 0.050) < 1e-9
+
+
+def test_a_noisy_decode_line_never_falls_with_more_rows_nor_below_zero_without_rows():
+    falling = PrefillTimeBudget(2.0)
+    for decodes, seconds in ((2, 0.030), (20, 0.020)):
+        falling.record(plan(decodes, 0), seconds)
+    assert falling.decode_step_seconds(40) == falling.decode_step_seconds(1) == 0.025  # the mean
+    steep = PrefillTimeBudget(2.0)
+    for decodes, seconds in ((10, 0.010), (20, 0.030)):  # the line would cross zero at 5 decodes
+        steep.record(plan(decodes, 0), seconds)
+    assert steep.decode_step_seconds(0) == 0.0 and steep.decode_step_seconds(5) > 0
 
 
 def test_the_limit_converges_to_what_keeps_a_step_within_the_slowdown():
@@ -43,20 +78,20 @@ def test_the_limit_converges_to_what_keeps_a_step_within_the_slowdown():
     assert budget.prefill_tokens(16) == 20
 
 
-def test_a_mixed_step_faster_than_the_decode_estimate_lowers_it_and_the_limit_at_most_doubles():
-    """When the batch that decodes shrinks, the decode-only estimate is stale: a mixed step taking
-    less than it lowers it (so prefill does not look free), and the limit grows at most 2x a step."""
+def test_a_mixed_step_faster_than_decoding_alone_teaches_nothing_and_the_limit_at_most_doubles():
+    """A mixed step that took less than the decode-only estimate shows that estimate off for this
+    batch (contexts changed), not prefill free: the cost per token stays; and however cheap prefill
+    turns out, the limit grows at most 2x a step."""
     budget = PrefillTimeBudget(2.0)
     budget.record(plan(28, 0), 0.030)
     budget.record(plan(28, 28), 0.045)  # 0.5 ms a prefill token beyond the 30 ms
     assert budget.prefill_token_seconds == 0.015 / 28
-    budget.record(plan(2, 28), 0.020)  # two decodes now: faster than the 30 ms estimate
-    assert budget.decode_step_seconds == 0.5 * 0.020  # 20 ms less 15 of prefill, but at least half the step
-    assert 0 < budget.prefill_tokens(2) <= 2 * 28
+    budget.record(plan(28, 56), 0.025)
+    assert budget.prefill_token_seconds == 0.015 / 28 and budget.last_prefill_tokens == 28
     for _ in range(6):
-        limit = budget.prefill_tokens(2)
-        budget.record(plan(2, limit), 0.001)  # implausibly fast steps: the limit still only doubles
-        assert budget.prefill_tokens(2) <= 2 * limit
+        limit = budget.prefill_tokens(28)
+        budget.record(plan(28, limit), 0.0301)  # implausibly cheap prefill: the limit still only doubles
+        assert budget.prefill_tokens(28) <= 2 * limit
 
 
 def test_a_limit_below_one_token_still_lets_a_prompt_progress():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvserve.config import EngineConfig
+from kvserve.config import SERVING_MAX_DECODE_SLOWDOWN, EngineConfig
 from kvserve.errors import ConfigError
 
 
@@ -23,9 +23,15 @@ def test_a_negative_cap_is_refused_naming_the_field():
         EngineConfig.from_flat(long_prefill_token_threshold=-1)
 
 
-def test_the_time_aware_prefill_limit_is_off_by_default_and_takes_strings():
-    assert EngineConfig().scheduler.max_decode_slowdown == 0
-    assert EngineConfig.from_flat(max_decode_slowdown="1.5").scheduler.max_decode_slowdown == 1.5
+def test_the_time_aware_prefill_limit_is_on_when_serving_off_offline_and_takes_strings():
+    config = EngineConfig()
+    assert config.scheduler.max_decode_slowdown == "auto" and config.scheduler.decode_slowdown() == 0
+    assert config.for_serving().scheduler.decode_slowdown() == SERVING_MAX_DECODE_SLOWDOWN == 2
+    unchunked = EngineConfig.from_flat(enable_chunked_prefill=False)
+    assert unchunked.for_serving().scheduler.decode_slowdown() == 0
+    for value, number in (("1.5", 1.5), ("0", 0)):  # as from --set or KVSERVE_MAX_DECODE_SLOWDOWN
+        chosen = EngineConfig.from_flat(max_decode_slowdown=value)
+        assert chosen.scheduler.decode_slowdown() == chosen.for_serving().scheduler.decode_slowdown() == number
 
 
 def test_a_slowdown_of_one_or_less_is_refused_naming_the_field():

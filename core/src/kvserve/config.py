@@ -22,6 +22,10 @@ from kvserve.errors import ConfigError
 
 AUTO = "auto"
 
+SERVING_MAX_DECODE_SLOWDOWN = 2.0
+"""``max_decode_slowdown`` when ``auto`` and serving: a step that decodes takes at most twice a
+decode-only one, so no stream stalls behind a long prompt (issue 14's p99 step under 2x the median)."""
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
@@ -59,13 +63,19 @@ class SchedulerConfig(_Section):
         description="Most prompt tokens one request prefills in a step (0: no cap beyond max_num_batched_tokens); "
         "a small cap keeps a long prompt's chunks from stalling the requests that decode meanwhile",
     )
-    max_decode_slowdown: float = Field(
-        0,
-        ge=0,
+    max_decode_slowdown: float | Literal["auto"] = Field(
+        AUTO,
         description="While requests decode, size the step's prefill chunks so the step takes at most this many "
-        "times a decode-only step, as measured (0: off, only the token budget applies); e.g. 2 keeps "
-        "long prompts from stalling decodes, at the cost of their time to first token",
+        "times a decode-only step, as measured (0: off, only the token budget applies); keeps long prompts from "
+        "stalling streams, at the cost of their time to first token. auto: "
+        f"{SERVING_MAX_DECODE_SLOWDOWN:g} when serving (AsyncLLM, kvserve serve), off offline (LLM), as vLLM's "
+        "server takes smaller steps than its LLM class",
     )
+
+    def decode_slowdown(self) -> float:
+        """``max_decode_slowdown`` as a number; ``auto`` not resolved for serving (see
+        :meth:`EngineConfig.for_serving`) is offline use: 0, off."""
+        return 0.0 if self.max_decode_slowdown == AUTO else float(self.max_decode_slowdown)
 
     @model_validator(mode="after")
     def _prefill_limits_need_chunking(self) -> SchedulerConfig:
@@ -74,15 +84,15 @@ class SchedulerConfig(_Section):
                 f"long_prefill_token_threshold={self.long_prefill_token_threshold} splits prompts into chunks: "
                 "it needs enable_chunked_prefill"
             )
-        if self.max_decode_slowdown and self.max_decode_slowdown <= 1:
+        slowdown = self.decode_slowdown()
+        if slowdown and slowdown <= 1:
             raise ValueError(
-                f"max_decode_slowdown={self.max_decode_slowdown}: a step that decodes and prefills takes longer "
+                f"max_decode_slowdown={slowdown}: a step that decodes and prefills takes longer "
                 "than one that only decodes, so the limit must be above 1 (or 0: off)"
             )
-        if self.max_decode_slowdown and not self.enable_chunked_prefill:
+        if slowdown and not self.enable_chunked_prefill:
             raise ValueError(
-                f"max_decode_slowdown={self.max_decode_slowdown} splits prompts into chunks: it needs "
-                "enable_chunked_prefill"
+                f"max_decode_slowdown={slowdown} splits prompts into chunks: it needs enable_chunked_prefill"
             )
         return self
 
@@ -184,6 +194,16 @@ class EngineConfig(_Section):
                 f"tensor_parallel_size={self.parallel.tensor_parallel_size} yet; use optimization_level 0"
             )
         return self
+
+    def for_serving(self) -> EngineConfig:
+        """This config with the defaults of an engine that serves streams resolved: ``auto``
+        ``max_decode_slowdown`` becomes :data:`SERVING_MAX_DECODE_SLOWDOWN` (with chunked prefill; else off)."""
+        if self.scheduler.max_decode_slowdown != AUTO:
+            return self
+        slowdown = SERVING_MAX_DECODE_SLOWDOWN if self.scheduler.enable_chunked_prefill else 0.0
+        return self.model_copy(
+            update={"scheduler": self.scheduler.model_copy(update={"max_decode_slowdown": slowdown})}
+        )
 
     @classmethod
     def from_flat(cls, **fields: Any) -> EngineConfig:

@@ -51,8 +51,10 @@ class AsyncLLM:
 
     @classmethod
     def from_config(cls, config: EngineConfig, *, core_setup: Callable[[LLMEngine], Any] | None = None) -> AsyncLLM:
-        """Load the engine: in its own process if ``config.server.engine_process``, where the picklable
-        ``core_setup`` runs on it before it serves (instrumentation; tests inject faults with it)."""
+        """Load the engine, with the defaults of one that serves streams (``EngineConfig.for_serving``):
+        in its own process if ``config.server.engine_process``, where the picklable ``core_setup``
+        runs on it before it serves (instrumentation; tests inject faults with it)."""
+        config = config.for_serving()
         if config.server.engine_process:
             from kvserve.engine.process_core import ProcessCore  # pyzmq: the server extra
 

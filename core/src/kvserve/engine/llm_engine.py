@@ -13,7 +13,7 @@ import torch
 from transformers import GenerationConfig
 
 from kvserve import distributed
-from kvserve.config import AUTO, EngineConfig
+from kvserve.config import AUTO, EngineConfig, SchedulerConfig
 from kvserve.engine import components
 from kvserve.engine.compilation import CompiledForward
 from kvserve.engine.model_runner import ModelRunner, StepLogits
@@ -113,7 +113,7 @@ class LLMEngine:
             "kv_cache_manager=%s block_size=%d num_kv_blocks=%d (%d tokens) max_model_len=%d",
             source.path, self.platform.name, str(self.dtype).removeprefix("torch."),
             components.dtype_reason(config, self.platform), self.execution_summary(),
-            scheduler_cls.name, manager_cls.name, block_size, num_blocks - 1,
+            _scheduler_summary(scheduler_cls.name, config.scheduler), manager_cls.name, block_size, num_blocks - 1,
             (num_blocks - 1) * block_size, self.max_model_len,
         )  # fmt: skip
 
@@ -577,3 +577,9 @@ def _follower_params(params: SamplingParams, index: int) -> SamplingParams:
     if params.seed is not None:
         update["seed"] = params.seed + index
     return params.model_copy(update=update)
+
+
+def _scheduler_summary(name: str, config: SchedulerConfig) -> str:
+    """The scheduler for the start-up line, with the time-aware prefill limit when it is on."""
+    slowdown = config.decode_slowdown()
+    return f"{name} (max_decode_slowdown={slowdown:g})" if slowdown else name

@@ -28,7 +28,8 @@ class BatchingScheduler(Scheduler):
     :meth:`preemption_victim` while blocks run out; then, if no one had to be preempted,
     waiting requests in policy order while budget, sequence slots and blocks last. With
     ``max_decode_slowdown`` set, prefill chunks (of running and admitted requests) share a
-    further limit while requests decode (see :class:`PrefillTimeBudget`). The first
+    further limit while requests decode and outnumber those waiting to prefill (see
+    :class:`PrefillTimeBudget`). The first
     waiting request of a step, short of blocks or of a slot, preempts running victims as long
     as :meth:`may_preempt_for` allows; otherwise admission stops for this step."""
 
@@ -62,7 +63,7 @@ class BatchingScheduler(Scheduler):
         self.running: list[Request] = []
         self._arrival = itertools.count()
         self._arrival_index: dict[str, int] = {}
-        slowdown = config.max_decode_slowdown
+        slowdown = config.decode_slowdown()
         self.prefill_time_budget = PrefillTimeBudget(slowdown) if slowdown else None
 
     def _queue_key(self, request: Request) -> tuple[Any, int]:
@@ -150,11 +151,13 @@ class BatchingScheduler(Scheduler):
         return ScheduledRequest(request, cached, num_new)
 
     def _prefill_limit(self) -> int | None:
-        """The time-aware limit on this step's prefill tokens, given the requests about to decode; None: none."""
+        """The time-aware limit on this step's prefill tokens, given the requests about to decode and
+        those waiting to prefill; None: none."""
         if self.prefill_time_budget is None:
             return None
         decoding = sum(r.status is RequestStatus.RUNNING and _decoding(r) for r in self.running)
-        return self.prefill_time_budget.prefill_tokens(decoding)
+        prefilling = len(self.running) - decoding + len(self.waiting)
+        return self.prefill_time_budget.prefill_tokens(decoding, prefilling)
 
     def record_step_time(self, output: SchedulerOutput, seconds: float) -> None:
         if self.prefill_time_budget is not None:
