@@ -22,6 +22,7 @@ from kvserve_platform_cpu.platform import CpuPlatform
 # The op each kernel of the CPU platform calls from compiled graphs (on the float32 these tests use).
 KERNEL_OPS = {
     "avx512": "torch.ops.kvserve_cpu_linear.linear.default(",
+    "avx512+amx": "torch.ops.kvserve_cpu_linear.linear.default(",
     "onednn": "torch.ops.kvserve_cpu.onednn_linear.default(",
 }
 

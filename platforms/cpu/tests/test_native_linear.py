@@ -31,6 +31,10 @@ ROWS = [1, 7, 8, 9, 32, 65, 257]
 # that is neither a multiple of 256 nor below it (96, 300: chunks of 256 and 44), and an LM-head-like
 # 1280 x 768 (three chunks); k of 2, 34 and 130 are below one chunk.
 SIZES = [(50, 34), (17, 130), (2, 2), (96, 300), (1280, 768)]
+# On AMX, bfloat16 weights whose sizes fill its tiles (32-column panels, k in 32s) run there: one k
+# tile over two panels (64, 32), three k tiles (160, 96), and the LM-head-like 1280 x 768 above.
+AMX_SIZES = [(64, 32), (160, 96)]
+AMX = "amx_bf16" in cpu_name_and_flags()[1]
 
 
 def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -56,7 +60,7 @@ def test_float32_products_match_float64(m, n, k, bias):
     reason="the AVX-512 kernel runs no bfloat16 here (no AVX512-BF16, or AMX: oneDNN's)",
 )
 @pytest.mark.parametrize("m", ROWS)
-@pytest.mark.parametrize(("n", "k"), SIZES)
+@pytest.mark.parametrize(("n", "k"), SIZES + AMX_SIZES)
 @pytest.mark.parametrize("bias", [False, True], ids=["no_bias", "bias"])
 def test_bfloat16_products_match_float64(m, n, k, bias):
     gen = torch.Generator().manual_seed(m * n + k)
@@ -165,11 +169,33 @@ def test_the_op_says_what_is_wrong_with_its_inputs():
 
 
 def test_its_dtypes_are_what_the_build_and_cpu_run():
-    amx = "amx_bf16" in cpu_name_and_flags()[1]
     ops = torch.ops.kvserve_cpu_linear
     assert ops.supports(torch.float32) and torch.float32 in kernel.dtypes
-    assert (torch.bfloat16 in kernel.dtypes) == (ops.supports(torch.bfloat16) and not amx)
+    assert (torch.bfloat16 in kernel.dtypes) == ops.supports(torch.bfloat16)
     assert not ops.supports(torch.float16) and not ops.supports(torch.float64)
+    assert ops.amx() == (AMX and ops.supports(torch.bfloat16))  # -march=native: AMX where the CPU has it
+    named = NativeLinearKernel(kernel.dtypes, None)
+    named.pack(torch.randn(64, 64))
+    assert named.name == "avx512"  # float32 never runs on AMX
+    if torch.bfloat16 in kernel.dtypes:
+        named.pack(torch.randn(64, 64).bfloat16())
+        assert named.name == ("avx512+amx" if ops.amx() else "avx512")
+
+
+def panels(weight: torch.Tensor, width: int) -> torch.Tensor:
+    """The documented layout, independently: column panels of ``width``, each holding per pair of
+    k its columns' pairs in column order."""
+    n, k = weight.shape
+    pieces = [p.reshape(p.shape[0], k // 2, 2).transpose(0, 1).reshape(-1) for p in weight.split(width)]
+    return torch.cat(pieces).reshape(n, k)
+
+
+@pytest.mark.skipif(torch.bfloat16 not in kernel.dtypes, reason="the AVX-512 kernel runs no bfloat16 here")
+@pytest.mark.parametrize(("n", "k"), [(64, 32), (1280, 768), (50, 34), (96, 300), (80, 64)])
+def test_bfloat16_panels_are_32_wide_where_amx_tiles_take_the_weight_else_48(n, k):
+    weight = torch.randn(n, k).bfloat16()
+    amx_tiles = torch.ops.kvserve_cpu_linear.amx() and n % 32 == 0 and k % 32 == 0
+    assert torch.equal(kernel.pack(weight), panels(weight, 32 if amx_tiles else 48))
 
 
 def test_without_the_native_build_the_fallback_serves_and_the_log_says_why(monkeypatch, caplog):

@@ -83,7 +83,7 @@ def test_the_platform_offers_it_as_the_avx512_kernels_fallback():
     if native_linear_kernel(None) is None:  # the AVX-512 kernel cannot be built or runs no dtype here
         assert isinstance(offered, OneDnnLinearKernel) and offered.dtypes == kernel.dtypes
     else:
-        assert isinstance(offered, NativeLinearKernel) and offered.name == "avx512"
+        assert isinstance(offered, NativeLinearKernel) and offered.name.startswith("avx512")
         assert isinstance(offered.fallback, OneDnnLinearKernel) and offered.fallback.dtypes == kernel.dtypes
 
 

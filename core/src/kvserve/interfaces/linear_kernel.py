@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
@@ -21,8 +21,9 @@ class LinearKernel(ABC):
     :meth:`pack` returns ``None`` where the kernel does not beat ``torch.nn.functional.linear``.
     """
 
-    name: ClassVar[str]
-    """Short name for the start-up line and ``kvserve bench`` (e.g. ``"onednn"``)."""
+    name: str
+    """Short name for the start-up line and ``kvserve bench`` (e.g. ``"onednn"``), read after
+    packing: a class attribute, or set per instance where it depends on what :meth:`pack` took."""
 
     @abstractmethod
     def pack(self, weight: torch.Tensor) -> torch.Tensor | None:
