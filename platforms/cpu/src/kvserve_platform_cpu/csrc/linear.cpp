@@ -28,7 +28,8 @@
 // Measured over the 125M Llama's projections in turn (gemm_shapes.py --sweep), against oneDNN's
 // prepacked tile kernels: 1.2x at 1 row, 1.07-1.2x at 8-64, parity at 512, 0.73x at 2048 rows
 // (there oneDNN's blocking keeps both operands nearer the core); in the engine, bfloat16 decoding
-// 1.08x (the 125M Llama, 32 sequences) and 1.13x (SmolLM2's chat mix, its prefill included).
+// 1.08x (the 125M Llama, 32 sequences) and 1.13x (SmolLM2's chat mix, its prefill included),
+// prefilling 2,000-token prompts 0.95x.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
