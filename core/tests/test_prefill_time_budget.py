@@ -23,7 +23,7 @@ def test_a_plan_splits_into_decodes_and_prefill_tokens_a_recompute_prefilling():
     assert split_tokens(output) == (3, 13)
 
 
-def test_no_limit_until_a_decode_only_step_is_timed_nor_when_more_prefill_than_decode():
+def test_no_limit_until_a_decode_only_step_is_timed_nor_for_a_burst_one_step_takes():
     budget = PrefillTimeBudget(2.0)
     assert budget.prefill_tokens(8) is None
     budget.record(plan(8, 10), 0.05)  # mixed, but nothing to compare it with yet
@@ -31,8 +31,9 @@ def test_no_limit_until_a_decode_only_step_is_timed_nor_when_more_prefill_than_d
     budget.record(plan(8, 0), 0.02)
     assert budget.prefill_tokens(0) is None
     assert budget.prefill_tokens(8) == 8  # first guess: a prefill token costs a decode token's share
-    assert budget.prefill_tokens(8, num_prefilling=8) == 8
-    assert budget.prefill_tokens(8, num_prefilling=9) is None  # a burst outnumbering the decodes
+    assert budget.prefill_tokens(8, [10] * 8, token_budget=100) == 8  # as many prompts as decodes
+    assert budget.prefill_tokens(8, [10] * 9, token_budget=100) is None  # a burst one step takes whole
+    assert budget.prefill_tokens(8, [10] * 9 + [11], token_budget=100) == 8  # more than one step holds
 
 
 def test_a_step_that_only_prefills_gives_the_first_guess_of_a_prefill_tokens_cost():

@@ -28,8 +28,8 @@ class BatchingScheduler(Scheduler):
     :meth:`preemption_victim` while blocks run out; then, if no one had to be preempted,
     waiting requests in policy order while budget, sequence slots and blocks last. With
     ``max_decode_slowdown`` set, prefill chunks (of running and admitted requests) share a
-    further limit while requests decode and outnumber those waiting to prefill (see
-    :class:`PrefillTimeBudget`). The first
+    further limit while requests decode, unless a burst of prompts that one step takes whole
+    outnumbers them (see :class:`PrefillTimeBudget`). The first
     waiting request of a step, short of blocks or of a slot, preempts running victims as long
     as :meth:`may_preempt_for` allows; otherwise admission stops for this step."""
 
@@ -152,12 +152,13 @@ class BatchingScheduler(Scheduler):
 
     def _prefill_limit(self) -> int | None:
         """The time-aware limit on this step's prefill tokens, given the requests about to decode and
-        those waiting to prefill; None: none."""
+        the prompt tokens the others have left; None: none."""
         if self.prefill_time_budget is None:
             return None
         decoding = sum(r.status is RequestStatus.RUNNING and _decoding(r) for r in self.running)
-        prefilling = len(self.running) - decoding + len(self.waiting)
-        return self.prefill_time_budget.prefill_tokens(decoding, prefilling)
+        prompts = itertools.chain((r for r in self.running if not _decoding(r)), self.waiting)
+        prefills = (r.num_tokens - r.num_computed_tokens for r in prompts)
+        return self.prefill_time_budget.prefill_tokens(decoding, prefills, self.config.max_num_batched_tokens)
 
     def record_step_time(self, output: SchedulerOutput, seconds: float) -> None:
         if self.prefill_time_budget is not None:

@@ -1,6 +1,6 @@
 """A time-aware prefill budget (as in Sarathi-Serve): while requests decode, a step carries only
-as many prefill tokens as keep it within ``max_decode_slowdown`` times a decode-only step, unless
-more requests wait to prefill than decode.
+as many prefill tokens as keep it within ``max_decode_slowdown`` times a decode-only step, unless a
+burst of prompts that one step takes whole outnumbers the decodes.
 
 A token budget alone cannot do this: what a prefill token costs against a decode step depends
 on the model, the hardware and the context, so both are learnt from the engine's own step times.
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
+from collections.abc import Iterable
 
 from kvserve.interfaces.scheduler import SchedulerOutput
 
@@ -75,17 +76,18 @@ class PrefillTimeBudget:
             slope, intercept = sum(c * t for c, t in self.decode_steps) / sum(c * c for c in counts), 0.0
         return intercept + slope * num_decodes
 
-    def prefill_tokens(self, num_decodes: int, num_prefilling: int = 0) -> int | None:
-        """Most prefill tokens for a step that decodes ``num_decodes`` requests while ``num_prefilling``
-        wait for (the rest of) their prompts: at least 1, so prompts progress. None when there is no
-        limit: nothing decodes, no decode-only step is measured yet, or more requests wait to prefill
-        than decode (a burst of new prompts: holding it back would delay more users than it spares).
+    def prefill_tokens(self, num_decodes: int, prefills: Iterable[int] = (), token_budget: int = 0) -> int | None:
+        """Most prefill tokens for a step that decodes ``num_decodes`` requests while others wait for
+        (the rest of) their prompts, ``prefills`` tokens each: at least 1, so prompts progress. None
+        when there is no limit: nothing decodes, no decode-only step is measured yet, or the prompts
+        are a burst that one step of ``token_budget`` tokens takes whole and they outnumber the
+        decodes (holding it back would delay more users than it spares, for one step's stall).
 
         Before any mixed step is measured, a prefill token is taken to cost what it did in a step that
         only prefilled (that step's fixed costs included, so an overestimate) or, without one, what a
         decode token does in a decode-only step: either way the first chunk errs small.
         """
-        if num_prefilling > num_decodes:
+        if _one_step_burst(num_decodes, prefills, token_budget):
             return None
         decode_seconds = self.decode_step_seconds(num_decodes) if num_decodes else None
         if decode_seconds is None:
@@ -115,6 +117,16 @@ class PrefillTimeBudget:
         extra = max(seconds - decode_seconds, 0.01 * decode_seconds)
         self.prefill_token_seconds = _average(self.prefill_token_seconds, extra / prefill)
         self.last_prefill_tokens = prefill
+
+
+def _one_step_burst(num_decodes: int, prefills: Iterable[int], token_budget: int) -> bool:
+    """Whether more prompts wait than requests decode and all of them fit in one step's budget."""
+    count = total = 0
+    for tokens in prefills:
+        count, total = count + 1, total + tokens
+        if total > token_budget:
+            return False
+    return count > num_decodes
 
 
 def _average(previous: float | None, value: float) -> float:

@@ -227,10 +227,15 @@ class SchedulerContract(ComponentContract):
         assert sum(chunks) == 24 and max(chunks) == 4, f"the prompt's chunks {chunks}: at most 4 tokens, learnt"
         assert long.status is RequestStatus.FINISHED_LENGTH and len(long.output_token_ids) == 2
 
-    def test_max_decode_slowdown_lets_a_burst_that_outnumbers_the_decodes_through(self, component):
-        """With ``max_decode_slowdown=2`` and the same made-up cost, prompts arriving while fewer
-        requests decode than wait are not held to the limit: a burst of three 6-token prompts
-        beside one decoding request is admitted whole in one step, within the token budget."""
+    @pytest.mark.parametrize(("prompt_len", "expected"), [(6, 18), (12, 2)], ids=["burst", "too_long"])
+    def test_max_decode_slowdown_lets_a_burst_that_outnumbers_the_decodes_through(
+        self, component, prompt_len, expected
+    ):
+        """With ``max_decode_slowdown=2`` and the same made-up cost, three prompts arriving beside one
+        decoding request are admitted whole in one step when the token budget (32) takes them all
+        (three of 6 tokens: 18), as they outnumber the decodes; three of 12 tokens, which no one step
+        takes, are held to the limit: 2 tokens, at the 0.5 s a token of the first step (the decoding
+        request's 4-token prompt alone, 2 s) against the 1 s the decode-only step took."""
         workload = random_workload(0, tiny_cache=False, aborts=0).with_(
             max_num_batched_tokens=32, max_num_seqs=4, max_decode_slowdown=2.0
         )
@@ -241,11 +246,11 @@ class SchedulerContract(ComponentContract):
         driver.add(Arrival(0, "decode", [3] * 4, SamplingParams(max_tokens=30, ignore_eos=True)))
         with reported_as(f"scheduler {self.scheduler!r}"):
             driver.step()  # the prompt
-            driver.step()  # decode-only: the reference time, after which one prefill token fits a step
+            driver.step()  # decode-only: the reference time
             for i in range(3):
-                driver.add(Arrival(0, f"burst{i}", [5 + i] * 6, SamplingParams(max_tokens=2, ignore_eos=True)))
+                driver.add(Arrival(0, f"p{i}", [5 + i] * prompt_len, SamplingParams(max_tokens=2, ignore_eos=True)))
             plan = driver.step()
-        assert split_tokens(plan) == (1, 18), f"(decodes, prefill tokens) {split_tokens(plan)}: the burst whole"
+        assert split_tokens(plan) == (1, expected), f"(decodes, prefill tokens) {split_tokens(plan)}"
 
     def test_without_chunked_prefill_a_prompt_runs_whole(self, component):
         """Without chunked prefill, each prompt is computed in one chunk within the budget."""
