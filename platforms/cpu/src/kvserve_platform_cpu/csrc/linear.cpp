@@ -21,7 +21,7 @@
 // float32 multiplies with FMA in k order; bfloat16 multiplies pairs exactly with vdpbf16ps and
 // accumulates in float32, rounding to bfloat16 once at the end.
 //
-// AMX (built with -march=native on a CPU with AMX-BF16, and the kernel grants the process its tile
+// AMX (built with -march=native on a CPU with AMX-BF16, and Linux grants the process its tile
 // state): bfloat16 weights whose columns fill 32-wide panels and whose k fills 32-wide tiles are
 // packed in panels of 32 instead (the same pair layout, so a 16-column tile of a panel is one
 // strided tile load) and multiplied on tiles, two 16-row groups x two 16-column tiles at a time.
