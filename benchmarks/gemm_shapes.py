@@ -6,7 +6,7 @@ batch sizes and one prefill size, in float32 and bfloat16, times:
 - ``linear``: ``F.linear(x, W)`` (what the layers run without a platform kernel);
 - ``onednn``: ``torch.ops.mkldnn._reorder_linear_weight`` once, then
   ``torch.ops.mkldnn._linear_pointwise`` (inductor's freezing path for bfloat16);
-- ``avx512``: the CPU platform's own kernel (``kvserve_platform_cpu.native_linear``), packed once
+- ``native``: the CPU platform's own kernel (AVX-512 or AVX2) (``kvserve_platform_cpu.native_linear``), packed once
   and applied as the engine does, where it runs the dtype;
 - ``mkl`` (float32 only): ``torch.ops.mkl._mkl_reorder_linear_weight`` packed for that exact M,
   then ``torch.ops.mkl._mkl_linear`` (inductor's float32 path; it falls back to the plain weight
@@ -22,7 +22,7 @@ repeated runs from a hot cache where its weight fits in L2/L3.
 (layers x [qkv, o, gate, up, down], then the LM head; gate and up separate, as the models run
 them), each with its own weight, so every weight comes from DRAM as in a decode step. A round runs
 one whole pass per method (``linear``, and the engine's kernels as it packs them: ``onednn`` for a
-32-row batch, ``avx512``), the order rotating per round; printed are each method's median ms per
+32-row batch, ``native``), the order rotating per round; printed are each method's median ms per
 pass, the weight bytes it streamed per second, and its speed relative to ``onednn``.
 
     OMP_NUM_THREADS=2 python benchmarks/gemm_shapes.py --model llama-100m --dtype float32
@@ -84,7 +84,7 @@ def sweep_projections(model: str) -> list[tuple[str, int, int]]:
     return layer * layers + [("lm_head", hidden, vocab)]
 
 
-def avx512_kernel(dtype: torch.dtype) -> NativeLinearKernel | None:
+def native_kernel(dtype: torch.dtype) -> NativeLinearKernel | None:
     """The CPU platform's own kernel where it is built and runs ``dtype`` here."""
     kernel = CpuPlatform().linear_kernel()
     return kernel if isinstance(kernel, NativeLinearKernel) and dtype in kernel.dtypes else None
@@ -100,10 +100,10 @@ def methods(
     packed = torch.ops.mkldnn._reorder_linear_weight(weight, pack_m or m)
     out["onednn"] = lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
     out["onednn_plain"] = lambda: torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
-    native = avx512_kernel(weight.dtype)
+    native = native_kernel(weight.dtype)
     native_packed = native.pack(weight) if native is not None else None
     if native_packed is not None:
-        out["avx512"] = lambda: native.apply(x, native_packed, None)
+        out["native"] = lambda: native.apply(x, native_packed, None)
     if weight.dtype == torch.float32 and torch._C.has_mkl:
         mkl_packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, m)
         out["mkl"] = lambda: torch.ops.mkl._mkl_linear(x, mkl_packed, weight, None, m)
@@ -136,7 +136,7 @@ def sweep(model: str, dtype: torch.dtype, ms: list[int], rounds: int) -> None:
     projs = sweep_projections(model)
     gen = torch.Generator().manual_seed(0)
     dense = [(torch.randn(n, k, generator=gen) * 0.02).to(dtype) for _, k, n in projs]
-    kernels: dict[str, LinearKernel | None] = {"onednn": onednn_linear_kernel(), "avx512": avx512_kernel(dtype)}
+    kernels: dict[str, LinearKernel | None] = {"onednn": onednn_linear_kernel(), "native": native_kernel(dtype)}
     passes: dict[str, tuple[LinearKernel | None, list[torch.Tensor]]] = {"linear": (None, dense)}
     for name, kernel in kernels.items():
         packed = [kernel.pack(w) for w in dense] if kernel is not None else []

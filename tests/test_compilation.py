@@ -23,6 +23,7 @@ from kvserve_platform_cpu.platform import CpuPlatform
 KERNEL_OPS = {
     "avx512": "torch.ops.kvserve_cpu_linear.linear.default(",
     "avx512+amx": "torch.ops.kvserve_cpu_linear.linear.default(",
+    "avx2": "torch.ops.kvserve_cpu_linear.linear.default(",
     "onednn": "torch.ops.kvserve_cpu.onednn_linear.default(",
 }
 

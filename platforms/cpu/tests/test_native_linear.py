@@ -1,4 +1,4 @@
-"""The CPU platform's AVX-512 GEMM: products within rounding of a float64 reference at every edge of
+"""The CPU platform's own GEMM (AVX-512 or AVX2): products within rounding of a float64 reference at every edge of
 its tiling (row tiles and blocks, panel widths, k chunks), packed weights that keep the seam's
 contract, clear errors from its op, other dtypes on the fallback, and oneDNN alone (saying why)
 where the kernel cannot be built."""
@@ -19,7 +19,7 @@ kernel = native_linear_kernel(None)
 unavailable = native_linear.unavailable_reason(native_linear.LIBRARY, native_linear.SOURCES)
 pytestmark = pytest.mark.skipif(
     not isinstance(kernel, NativeLinearKernel),
-    reason=f"no AVX-512 linear kernel here: {unavailable or 'this CPU runs none of its dtypes'}",
+    reason=f"no native linear kernel here: {unavailable or 'this CPU runs none of its dtypes'}",
 )
 onednn = onednn_linear_kernel()
 
@@ -57,7 +57,7 @@ def test_float32_products_match_float64(m, n, k, bias):
 
 @pytest.mark.skipif(
     kernel is None or torch.bfloat16 not in getattr(kernel, "dtypes", ()),
-    reason="the AVX-512 kernel runs no bfloat16 here (no AVX512-BF16, or AMX: oneDNN's)",
+    reason="the native kernel runs no bfloat16 here (no AVX512-BF16, or AMX: oneDNN's)",
 )
 @pytest.mark.parametrize("m", ROWS)
 @pytest.mark.parametrize(("n", "k"), SIZES + AMX_SIZES)
@@ -89,7 +89,7 @@ def test_leading_dimensions_and_strided_rows_are_kept():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_packed_weight_keeps_shape_and_dtype_and_owns_its_memory(dtype):
     if dtype not in kernel.dtypes:
-        pytest.skip(f"the AVX-512 kernel does not run {dtype} here")
+        pytest.skip(f"the native kernel does not run {dtype} here")
     weight = torch.randn(100, 64).to(dtype)
     x = torch.randn(3, 64).to(dtype)
     packed = kernel.pack(weight)
@@ -103,8 +103,8 @@ def test_packed_weight_keeps_shape_and_dtype_and_owns_its_memory(dtype):
 
 def test_bfloat16_with_odd_in_features_stays_dense():
     if torch.bfloat16 not in kernel.dtypes:
-        pytest.skip("the AVX-512 kernel does not run bfloat16 here")
-    # vdpbf16ps multiplies pairs of k; an odd in_features is left to F.linear.
+        pytest.skip("the native kernel does not run bfloat16 here")
+    # AVX-512's vdpbf16ps multiplies pairs of k; an odd in_features is left to F.linear on every build.
     assert kernel.pack(torch.randn(16, 33).bfloat16()) is None
 
 
@@ -174,28 +174,41 @@ def test_its_dtypes_are_what_the_build_and_cpu_run():
     assert (torch.bfloat16 in kernel.dtypes) == ops.supports(torch.bfloat16)
     assert not ops.supports(torch.float16) and not ops.supports(torch.float64)
     assert ops.amx() == (AMX and ops.supports(torch.bfloat16))  # -march=native: AMX where the CPU has it
+    # -march=native: AVX-512 where the CPU has it, else AVX2 (the build needs one of them).
+    assert ops.isa() == ("avx512" if "avx512f" in cpu_name_and_flags()[1] else "avx2")
     named = NativeLinearKernel(kernel.dtypes, None)
     named.pack(torch.randn(64, 64))
-    assert named.name == "avx512"  # float32 never runs on AMX
+    assert named.name == ops.isa()  # float32 never runs on AMX
     if torch.bfloat16 in kernel.dtypes:
         named.pack(torch.randn(64, 64).bfloat16())
-        assert named.name == ("avx512+amx" if ops.amx() else "avx512")
+        assert named.name == ("avx512+amx" if ops.amx() else ops.isa())
 
 
-def panels(weight: torch.Tensor, width: int) -> torch.Tensor:
-    """The documented layout, independently: column panels of ``width``, each holding per pair of
-    k its columns' pairs in column order."""
+def panels(weight: torch.Tensor, width: int, pair: int) -> torch.Tensor:
+    """The documented layout, independently: column panels of ``width``, each holding per ``pair``
+    of k its columns' pairs (or single weights) in column order."""
     n, k = weight.shape
-    pieces = [p.reshape(p.shape[0], k // 2, 2).transpose(0, 1).reshape(-1) for p in weight.split(width)]
+    pieces = [p.reshape(p.shape[0], k // pair, pair).transpose(0, 1).reshape(-1) for p in weight.split(width)]
     return torch.cat(pieces).reshape(n, k)
 
 
-@pytest.mark.skipif(torch.bfloat16 not in kernel.dtypes, reason="the AVX-512 kernel runs no bfloat16 here")
+@pytest.mark.skipif(
+    torch.bfloat16 not in getattr(kernel, "dtypes", ()), reason="the native kernel runs no bfloat16 here"
+)
 @pytest.mark.parametrize(("n", "k"), [(64, 32), (1280, 768), (50, 34), (96, 300), (80, 64)])
-def test_bfloat16_panels_are_32_wide_where_amx_tiles_take_the_weight_else_48(n, k):
+def test_bfloat16_panels_are_32_wide_where_amx_tiles_take_the_weight_else_48_or_16_on_avx2(n, k):
     weight = torch.randn(n, k).bfloat16()
+    if torch.ops.kvserve_cpu_linear.isa() == "avx2":  # widened to float32: single k, two 8-float vectors
+        assert torch.equal(kernel.pack(weight), panels(weight, 16, pair=1))
+        return
     amx_tiles = torch.ops.kvserve_cpu_linear.amx() and n % 32 == 0 and k % 32 == 0
-    assert torch.equal(kernel.pack(weight), panels(weight, 32 if amx_tiles else 48))
+    assert torch.equal(kernel.pack(weight), panels(weight, 32 if amx_tiles else 48, pair=2))
+
+
+def test_float32_panels_are_48_wide_or_16_on_avx2():
+    weight = torch.randn(50, 34)
+    width = 16 if torch.ops.kvserve_cpu_linear.isa() == "avx2" else 48
+    assert torch.equal(kernel.pack(weight), panels(weight, width, pair=1))
 
 
 def test_without_the_native_build_the_fallback_serves_and_the_log_says_why(monkeypatch, caplog):
@@ -207,7 +220,7 @@ def test_without_the_native_build_the_fallback_serves_and_the_log_says_why(monke
         assert native_linear_kernel(fallback) is fallback
         assert native_linear_kernel(None) is None
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 2 and all("AVX-512 linear kernel unavailable" in w for w in warnings)
+    assert len(warnings) == 2 and all("native linear kernel unavailable" in w for w in warnings)
     assert all("no C++ compiler (test)" in w for w in warnings)
 
 

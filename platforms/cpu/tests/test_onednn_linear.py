@@ -78,16 +78,16 @@ def test_bfloat16_is_packed_only_with_native_support():
     assert (torch.bfloat16 in kernel.dtypes) == torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
-def test_the_platform_offers_it_as_the_avx512_kernels_fallback():
+def test_the_platform_offers_it_as_the_native_kernels_fallback():
     offered = CpuPlatform().linear_kernel()
-    if native_linear_kernel(None) is None:  # the AVX-512 kernel cannot be built or runs no dtype here
+    if native_linear_kernel(None) is None:  # the native kernel cannot be built or runs no dtype here
         assert isinstance(offered, OneDnnLinearKernel) and offered.dtypes == kernel.dtypes
     else:
-        assert isinstance(offered, NativeLinearKernel) and offered.name.startswith("avx512")
+        assert isinstance(offered, NativeLinearKernel) and offered.name.startswith(torch.ops.kvserve_cpu_linear.isa())
         assert isinstance(offered.fallback, OneDnnLinearKernel) and offered.fallback.dtypes == kernel.dtypes
 
 
-def test_the_platform_offers_it_alone_without_the_avx512_kernel(monkeypatch):
+def test_the_platform_offers_it_alone_without_the_native_kernel(monkeypatch):
     monkeypatch.setattr(native_linear, "unavailable_reason", lambda name, sources: "no C++ compiler (test)")
     offered = CpuPlatform().linear_kernel()
     assert isinstance(offered, OneDnnLinearKernel) and offered.name == "onednn" and offered.dtypes == kernel.dtypes

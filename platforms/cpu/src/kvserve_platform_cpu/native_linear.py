@@ -1,4 +1,4 @@
-"""The CPU platform's own AVX-512 GEMM (``csrc/linear.cpp``) for the dtypes it runs; oneDNN for the rest.
+"""The CPU platform's own GEMM (``csrc/linear.cpp``, AVX-512 or AVX2) for the dtypes it runs; oneDNN for the rest.
 
 At decode batch sizes a step reads every weight from memory once, and oneDNN's packed matmul waits
 on those reads between its computations; the C++ kernel prefetches each panel's next chunk while
@@ -9,7 +9,10 @@ projection of a model in turn (distinct weights, so they come from DRAM as in a 
 (a noisy shared machine: two bfloat16 runs gave 1.06x and 1.47x at 1 row). On one shape from a
 hot cache it reaches ~90% of oneDNN at 256-512 rows, where prefills run. On CPUs with AMX the
 kernel runs bfloat16 on AMX tiles (``avx512+amx``; measured in ``csrc/linear.cpp``: 1.1-1.2x
-oneDNN's tile kernels at decode sizes, 0.73x at 2048 rows).
+oneDNN's tile kernels at decode sizes, 0.73x at 2048 rows). On CPUs with AVX2 but no AVX-512 (``avx2``)
+it runs float32 and bfloat16 as float32 FMA, bfloat16 weights widened as they are read: there
+neither oneDNN nor ``F.linear`` has a fast bfloat16 path (5-7x slower at 32 rows; the sweep's
+figures are in ``csrc/linear.cpp``).
 
 Built on first use by :mod:`kvserve.native`; where it cannot be, oneDNN's kernel serves every dtype
 and the start-up log says why.
@@ -43,8 +46,9 @@ class NativeLinearKernel(LinearKernel):
         _register_fake()
         ops = getattr(torch.ops, LIBRARY)
         self._pack, self._linear, self._on_amx = ops.pack.default, ops.linear.default, ops.on_amx.default
-        self.name = "avx512"
-        """``avx512+amx`` once it has packed a weight that runs on AMX tiles (bfloat16 whose sizes fill them)."""
+        self.name = ops.isa()
+        """The instruction set the products run on, ``avx512`` or ``avx2``; ``avx512+amx`` once it has
+        packed a weight that runs on AMX tiles (bfloat16 whose sizes fill them)."""
 
     def pack(self, weight: torch.Tensor) -> torch.Tensor | None:
         if weight.dtype not in self.dtypes:
@@ -54,8 +58,8 @@ class NativeLinearKernel(LinearKernel):
             return None
         if weight.dtype == torch.bfloat16 and weight.shape[1] % 2:
             return None
-        if self._on_amx(weight):
-            self.name = "avx512+amx"
+        if self._on_amx(weight) and not self.name.endswith("+amx"):
+            self.name += "+amx"
         return self._pack(weight.contiguous())
 
     def apply(self, x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -80,7 +84,7 @@ def native_linear_kernel(fallback: LinearKernel | None) -> LinearKernel | None:
     reason = unavailable_reason(LIBRARY, SOURCES)
     if reason is not None:
         instead = "F.linear" if fallback is None else fallback.name
-        logger.warning("kvserve-platform-cpu: AVX-512 linear kernel unavailable, using %s: %s", instead, reason)
+        logger.warning("kvserve-platform-cpu: native linear kernel unavailable, using %s: %s", instead, reason)
         return fallback
     ops = getattr(torch.ops, LIBRARY)
     dtypes = frozenset(dtype for dtype in (torch.float32, torch.bfloat16) if ops.supports(dtype))

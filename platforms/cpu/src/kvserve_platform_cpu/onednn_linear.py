@@ -1,8 +1,7 @@
 """oneDNN matmul on weights reordered once into its blocked layout (what inductor's freezing does).
 
-The CPU platform's fallback: dtypes the AVX-512 kernel (``native_linear.py``) does not run, CPUs
-without AVX-512, bfloat16 on CPUs with AMX (oneDNN's tile kernels), and machines where the native
-kernel cannot be built.
+The CPU platform's fallback: dtypes the native kernel (``native_linear.py``) does not run, CPUs
+with neither AVX-512 nor AVX2, and machines where the native kernel cannot be built.
 
 ``F.linear`` re-lays the weight out on every call (bfloat16, through oneDNN) or runs MKL's
 sgemm (float32), which on AMD CPUs takes a generic code path; a weight reordered once for

@@ -63,8 +63,8 @@ class CpuPlatform(Platform):
         torch.manual_seed(seed)
 
     def linear_kernel(self) -> LinearKernel | None:
-        """The C++ AVX-512 GEMM where it runs the dtype (built on first use), else oneDNN on
-        prepacked weights (float32, and bfloat16 where the CPU has it natively)."""
+        """The C++ GEMM (AVX-512 or AVX2) where it runs the dtype (built on first use), else oneDNN
+        on prepacked weights (float32, and bfloat16 where the CPU has it natively)."""
         from kvserve_platform_cpu.native_linear import native_linear_kernel
         from kvserve_platform_cpu.onednn_linear import onednn_linear_kernel
 
