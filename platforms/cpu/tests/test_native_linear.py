@@ -23,9 +23,10 @@ pytestmark = pytest.mark.skipif(
 )
 onednn = onednn_linear_kernel()
 
-# Rows: one, a partial row tile (7), exactly one (8), one and a row (9), four tiles, and 257: two
-# full 128-row blocks and a one-row block.
-ROWS = [1, 7, 8, 9, 32, 65, 257]
+# Rows: one, a partial row tile (7), exactly one (8), one and a row (9), rows the AVX2 path shares
+# evenly among its tiles (10: 5 + 5; 16: 6 + 5 + 5; 32), a 64-row AVX2 block and a row (65), and 257:
+# two full 128-row blocks and a one-row block.
+ROWS = [1, 7, 8, 9, 10, 16, 32, 65, 257]
 # (out features, in features): a full 48-wide panel and a 2-wide one (50), a panel narrower than
 # 48 whose third vector is empty (17), fewer columns than one vector (2), two full panels over a k
 # that is neither a multiple of 256 nor below it (96, 300: chunks of 256 and 44), and an LM-head-like
