@@ -102,7 +102,8 @@ class Engine:
 
 
 def checkout_env(checkout: str | None) -> dict:
-    """The environment of a worker; for another kvserve checkout, its sources first on ``PYTHONPATH``."""
+    """The environment of a worker; for another kvserve checkout, its sources first on ``PYTHONPATH`` and
+    its native kernels built in a folder of its own."""
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"), TOKENIZERS_PARALLELISM="false")
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
     env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")  # both cores, as kvserve has
@@ -110,6 +111,8 @@ def checkout_env(checkout: str | None) -> dict:
         root = Path(checkout)
         srcs = [root / "core/src", *sorted(root.glob("plugins/*/*/src")), *sorted(root.glob("platforms/*/src"))]
         env["PYTHONPATH"] = os.pathsep.join([*map(str, srcs), env.get("PYTHONPATH", "")])
+        # its own C++ kernels: one build folder for two checkouts' sources would rebuild under a running engine
+        env["KVSERVE_NATIVE_CACHE"] = str(root / ".kvserve-native")
     return env
 
 
