@@ -22,8 +22,8 @@
 // bfloat16, widened) and a head size of 64, 128 or 256 (compiled in), a row scored on its own runs
 // q·k 16 keys at a time with one transpose-add reduction, and p·V keeps a GQA group's (or a tile's
 // pairs') accumulators in registers so each value row is converted once for all of them; other
-// dtypes, head sizes and CPUs take portable loops the compiler vectorizes. Packed key tiles for
-// prefill rows are AVX-512 only.
+// dtypes, head sizes and CPUs take portable loops the compiler vectorizes. Prefill rows score packed
+// key tiles on both (AVX2: float32 tiles, bfloat16 keys widened as they are packed).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -228,12 +228,14 @@ constexpr bool kHaveAvx512 = false;
 #endif
 
 // ---- AVX2 building blocks (CPUs with AVX2 and FMA but no AVX-512, such as AMD's before Zen 4) ----
-// The row path's score16, weighted_values and softmax on 8-lane vectors; bfloat16 is widened to
-// float32 as it is loaded (there is no bfloat16 instruction), so both dtypes multiply in float32.
-// Measured on a 2-core AMD EPYC (Zen 3) per layer against the portable loops, SmolLM2's heads
-// (benchmarks/attention_kernels.py, best of 3 alternating runs): the 32-sequence decode (100-500
-// cached) 0.80 -> 0.51 ms in float32, 0.81 -> 0.45 in bfloat16; a 512-token chunk after 2,488
-// cached 90 -> 45 ms and 109 -> 53; 4 prompts of 128 2.1 -> 1.05 ms and 2.6 -> 1.3.
+// The row path's score16, weighted_values and softmax on 8-lane vectors (the packed prefill tiles'
+// pack_keys and score_tile are further down); bfloat16 is widened to float32 as it is loaded (there
+// is no bfloat16 instruction), so both dtypes multiply in float32. Measured on a 2-core AMD EPYC
+// (Zen 3) per layer against the portable loops, SmolLM2's heads (benchmarks/attention_kernels.py,
+// best of 3 alternating runs): the 32-sequence decode (100-500 cached) 0.80 -> 0.51 ms in float32,
+// 0.81 -> 0.45 in bfloat16; a 512-token chunk after 2,488 cached 90 -> 45 ms and 109 -> 53 by rows,
+// 29 and 36 with packed tiles (SDPA over gathered K/V: 32 ms in float32); 4 prompts of 128 2.1 ->
+// 1.05 ms and 2.6 -> 1.3 by rows, 0.80 and 1.03 with tiles.
 
 #if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
 #define KVSERVE_AVX2 1
@@ -563,14 +565,20 @@ inline void fold(float* state, float max, float sum, const float* acc, int64_t D
 // Tiling pays once this many (row, head) pairs share a packed tile (measured: 8 rows x 3 heads ran
 // 0.93-1.00x of the row-by-row path, 12 x 3 1.07-1.14x).
 constexpr int64_t kMinTiledPairs = 32;
+// ... and over a window of at least this many keys. AVX2: its 32-key tiles over fewer keys cost more
+// than the rows' own scoring (measured, SmolLM2's heads: 16 prompts of 16 tokens 1.2x slower tiled, 8
+// of 24 1.1x, 8 of 32 even, 8 of 64 1.45x faster, 2 of 300 1.7x).
+constexpr int64_t kMinTiledKeys = kHaveAvx2 ? 33 : 1;
 
 template <typename T, int HEAD_DIM>
-constexpr bool kTiled = kHaveAvx512 && HEAD_DIM % 64 == 0 && HEAD_DIM > 0 &&
-                        (std::is_same_v<T, float> || (std::is_same_v<T, c10::BFloat16> && kHaveBf16Dot));
+constexpr bool kTiled = HEAD_DIM % 64 == 0 && HEAD_DIM > 0 &&
+                        ((kHaveAvx512 && (std::is_same_v<T, float> || (std::is_same_v<T, c10::BFloat16> && kHaveBf16Dot))) ||
+                         (kHaveAvx2 && (std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>)));
+
+constexpr int64_t kPackKeys = 32;   // keys a packed tile holds: two (AVX2: four) vectors of scores per pair
+constexpr int64_t kValueKeys = 128;  // keys whose values the pairs weigh before moving on: stays in L1
 
 #if defined(__AVX512F__)
-constexpr int64_t kPackKeys = 32;   // keys a packed tile holds: two vectors of scores per pair
-constexpr int64_t kValueKeys = 128;  // keys whose values the pairs weigh before moving on: stays in L1
 
 // r[0..16) becomes its transpose (32-bit lanes): r[c] lane t = the old r[t] lane c.
 inline void transpose16(__m512* r) {
@@ -642,6 +650,70 @@ inline void score_tile(const T* const* q, const float* kt, float scale, float* s
   }
 }
 
+#elif defined(KVSERVE_AVX2)
+// AVX2 has no bfloat16 pair products: a packed tile holds float32 words, bfloat16 keys widened as
+// they are packed.
+template <typename T, int HEAD_DIM>
+constexpr int64_t kWords = HEAD_DIM;
+
+// r[0..8) becomes its transpose: r[c] lane t = the old r[t] lane c.
+inline void transpose8(__m256* r) {
+  __m256 t[8], u[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 2; ++i) {  // in each 128-bit lane L: u[4i + k] = column 4L + k of rows 4i..4i+3
+    u[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+    u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+    u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+    u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+  }
+  for (int k = 0; k < 4; ++k) {  // then the 128-bit lanes: rows 0-3's with rows 4-7's, low halves, then high
+    r[k] = _mm256_permute2f128_ps(u[k], u[4 + k], 0x20);
+    r[4 + k] = _mm256_permute2f128_ps(u[k], u[4 + k], 0x31);
+  }
+}
+
+// kt[d * 32 + t] = element d (as float32) of key row keys[t] + offset, for t < count (<= 32); zero
+// for the rest.
+template <typename T, int HEAD_DIM>
+inline void pack_keys(const T* const* keys, int64_t count, int64_t offset, float* kt) {
+  for (int64_t part = 0; part < kPackKeys; part += 8) {
+    for (int64_t d0 = 0; d0 < HEAD_DIM; d0 += 8) {
+      __m256 r[8];
+      for (int64_t t = 0; t < 8; ++t)
+        r[t] = part + t < count ? load8(keys[part + t] + offset + d0) : _mm256_setzero_ps();
+      transpose8(r);
+      for (int64_t c = 0; c < 8; ++c) _mm256_storeu_ps(kt + (d0 + c) * kPackKeys + part, r[c]);
+    }
+  }
+}
+
+// sc[i * stride + t] = scale * q[i] . key t, for P (<= 6) query rows q[i] and the 32 keys packed in
+// kt, 16 keys at a time: each element of a query row is broadcast against 16 keys' elements, P x 2
+// accumulators (the linear kernel's register tile).
+template <typename T, int HEAD_DIM, int P>
+inline void score_tile(const T* const* q, const float* kt, float scale, float* sc, int64_t stride) {
+  for (int64_t half = 0; half < kPackKeys; half += 16) {
+    __m256 acc[P][2];
+    for (int i = 0; i < P; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+#pragma GCC unroll 4
+    for (int64_t d = 0; d < HEAD_DIM; ++d) {
+      const __m256 k0 = _mm256_loadu_ps(kt + d * kPackKeys + half), k1 = _mm256_loadu_ps(kt + d * kPackKeys + half + 8);
+      for (int i = 0; i < P; ++i) {
+        const __m256 b = _mm256_set1_ps(static_cast<float>(q[i][d]));
+        acc[i][0] = _mm256_fmadd_ps(b, k0, acc[i][0]);
+        acc[i][1] = _mm256_fmadd_ps(b, k1, acc[i][1]);
+      }
+    }
+    const __m256 s = _mm256_set1_ps(scale);
+    for (int i = 0; i < P; ++i) {
+      _mm256_storeu_ps(sc + i * stride + half, _mm256_mul_ps(acc[i][0], s));
+      _mm256_storeu_ps(sc + i * stride + half + 8, _mm256_mul_ps(acc[i][1], s));
+    }
+  }
+}
 #endif
 
 // Attention of one window of keys, keys[0..n) = keys [w0, w0 + n), for rows [q_begin, q_end) of an
@@ -652,7 +724,7 @@ inline void score_tile(const T* const* q, const float* kt, float scale, float* s
 template <typename T, int HEAD_DIM>
 void attend_window_tiled(const Problem& p, const Item& item, const T* query, int64_t q_start, const T* const* keys,
                          int64_t w0, int64_t n, const std::pair<int64_t, int64_t>* ranges, Scratch& s) {
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(KVSERVE_AVX2)
   if constexpr (kTiled<T, HEAD_DIM>) {
     constexpr int64_t D = HEAD_DIM;
     const int64_t rows = item.q_end - item.q_begin, G = p.group, pairs = rows * G;
@@ -799,7 +871,7 @@ void run_item(const Problem& p, const Item& item, const T* query, const T* kv, T
   for (int64_t w0 = first; w0 < last; w0 += window) {
     const T* const* window_keys = keys_from_first + (w0 - first);
     const int64_t n = std::min(window, last - w0);
-    if (tiled)
+    if (tiled && n >= kMinTiledKeys)
       attend_window_tiled<T, HEAD_DIM>(p, item, query, q_start, window_keys, w0, n, s.ranges.data(), s);
     else
       attend_window_rows<T, HEAD_DIM>(p, item, query, q_start, window_keys, w0, n, s.ranges.data(), s);
