@@ -1,5 +1,7 @@
 """Without a C++ compiler the backend keeps its PyTorch path, says so and why, and still passes the contract."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -38,6 +40,21 @@ def test_with_the_kernel_kernels_names_it():
     backend = CpuAttentionBackend(spec())
     assert "C++ paged kernel" in backend.kernels() and "fallback" not in backend.kernels()
     assert isinstance(backend.build_metadata(build_batch([[1, 2]], [20], [1], 16)), NativePagedMetadata)
+
+
+def test_kernels_says_the_instructions_the_kernel_was_built_for():
+    reason = native_kernel.unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"the C++ kernel cannot be built here: {reason}")
+    cpuinfo = Path("/proc/cpuinfo")
+    if not cpuinfo.exists():
+        pytest.skip("no /proc/cpuinfo to read the CPU's flags from")
+    flags = next(
+        (line.split(":", 1)[1].split() for line in cpuinfo.read_text().splitlines() if line.startswith("flags")), []
+    )
+    # built -march=native: AVX-512 where the CPU has it, else AVX2 with FMA, else the portable loops
+    expected = "avx512" if "avx512f" in flags else "avx2" if {"avx2", "fma"} <= set(flags) else "portable"
+    assert f"C++ paged kernel ({expected})" in CpuAttentionBackend(spec()).kernels()
 
 
 class TestPyTorchFallbackContract(AttentionBackendContract):

@@ -34,7 +34,8 @@ class CpuAttentionBackend(TorchPagedBackend):
     def kernels(self) -> str:
         if self.fallback_reason is not None:
             return f"PyTorch fallback ({self.fallback_reason}): {super().kernels()}"
-        return "decode and prefill: C++ paged kernel over the blocks in place; K/V writes: C++"
+        isa = torch.ops.kvserve_attention_cpu.isa()
+        return f"decode and prefill: C++ paged kernel ({isa}) over the blocks in place; K/V writes: C++"
 
     def build_metadata(self, batch: AttentionBatch):
         if self.fallback_reason is not None:

@@ -2,6 +2,7 @@
 //
 // kvserve_attention_cpu::paged_attention_out(out, query, kv_cache, block_tables, seq_lens, query_start_loc,
 //                                  scale, sliding_window, soft_cap)
+// kvserve_attention_cpu::isa() -> str   "avx512", "avx2" or "portable": what its loops run on here
 //
 // Writes, for every sequence s of the batch (num_seqs = seq_lens.numel()), the attention of its
 // query rows query[query_start_loc[s] : query_start_loc[s+1]] (the last rows of the sequence: causal
@@ -37,6 +38,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -1044,9 +1046,13 @@ void paged_attention_out(at::Tensor& out, const at::Tensor& query, const at::Ten
   }
 }
 
+// The vector instructions the kernel's loops run on here: "avx512", "avx2" or "portable".
+std::string isa() { return kHaveAvx512 ? "avx512" : kHaveAvx2 ? "avx2" : "portable"; }
+
 }  // namespace
 
 TORCH_LIBRARY(kvserve_attention_cpu, m) {
+  m.def("isa() -> str", &isa);
   m.def(
       "paged_attention_out(Tensor(a!) out, Tensor query, Tensor kv_cache, Tensor block_tables, Tensor seq_lens, "
       "Tensor query_start_loc, float scale, int sliding_window, float soft_cap) -> ()");
