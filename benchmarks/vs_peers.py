@@ -192,7 +192,7 @@ def compare(engines: list[Engine], model: str, workload_path: str, dtype: str, r
     )
     for e in engines:
         ratio = f"{medians[e.name] / medians[base]:7.2f}x" if base else "      -"
-        foreign = "/".join(f"{r['foreign_cpu_s']:.0f}" for r in e.runs)
+        foreign = "/".join(f"{r['foreign_cpu_s']:.1f}" for r in e.runs)
         same = same_as(e.runs[-1]["outputs"], reference) if reference else "-"
         print(
             f"{e.name:<20}{medians[e.name]:>10.1f}{ratio:>8}{per_cpu[e.name]:>10.1f}"
