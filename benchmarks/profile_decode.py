@@ -1,7 +1,8 @@
 """Where kvserve's offline decode spends its time: torch.profiler over ``LLM.generate``.
 
 Runs the peers' workload (``--workload``: JSON with ``prompts`` as token-id lists and
-``max_new_tokens``; ``../shared/peers/make_workload.py`` writes it) greedily with ``ignore_eos``
+``max_new_tokens``, an int or one per prompt; ``../shared/peers/make_workload.py`` writes it, and
+``vs_peers.py`` writes its chat mix as ``workload.json`` in its log folder) greedily with ``ignore_eos``
 after a warm-up, and prints the top operators by self CPU time with their share of the total.
 
     python benchmarks/profile_decode.py MODEL_DIR --dtype bfloat16 --workload workload.json
@@ -31,8 +32,10 @@ def main() -> None:
 
     workload = json.load(open(args.workload))
     new_tokens = args.max_new_tokens or workload["max_new_tokens"]
+    if isinstance(new_tokens, int):
+        new_tokens = [new_tokens] * len(workload["prompts"])
     llm = LLM(args.model, dtype=args.dtype, max_model_len=512, max_num_seqs=len(workload["prompts"]))
-    params = SamplingParams(temperature=0.0, max_tokens=new_tokens, min_tokens=new_tokens, ignore_eos=True)
+    params = [SamplingParams(temperature=0.0, max_tokens=n, min_tokens=n, ignore_eos=True) for n in new_tokens]
     llm.generate(workload["prompts"][:2], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
     llm.reset_prefix_cache()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
