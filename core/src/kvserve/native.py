@@ -10,7 +10,8 @@ vector instructions this CPU has without a wheel per instruction set.
 
 Where no compiler or ninja is available the build fails with :class:`NativeBuildError`; a
 plugin then keeps its portable path and says why: :func:`unavailable_reason` gives that sentence
-(or None once the operators are loaded).
+(or None once the operators are loaded). :func:`cpu_name_and_flags` says what the CPU is and
+which feature flags it has, for plugins that choose (and tests that check) what their kernels run on.
 """
 
 from __future__ import annotations
@@ -48,6 +49,30 @@ def _cpu_fingerprint() -> str:
     except (OSError, StopIteration):
         flags = ""
     return hashlib.sha256(f"{platform.machine()} {flags}".encode()).hexdigest()[:12]
+
+
+@functools.cache
+def cpu_name_and_flags() -> tuple[str, frozenset[str]]:
+    """The CPU model name and its feature flags (``/proc/cpuinfo`` on Linux; torch's probes elsewhere)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine(), _flags_from_torch()
+    fields = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    # ARM kernels say "Features", x86 "flags".
+    flags = frozenset((fields.get("flags") or fields.get("Features") or "").split())
+    return fields.get("model name") or platform.processor() or platform.machine(), flags
+
+
+def _flags_from_torch() -> frozenset[str]:
+    """The bf16 flags torch's own CPU probes report (macOS, Windows: no /proc/cpuinfo)."""
+    import torch
+
+    probes = {"amx_bf16": torch.cpu._is_amx_tile_supported, "avx512_bf16": torch.cpu._is_avx512_bf16_supported}
+    return frozenset(flag for flag, probe in probes.items() if probe())
 
 
 def build_failure_reason() -> str | None:

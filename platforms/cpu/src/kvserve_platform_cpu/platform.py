@@ -9,7 +9,8 @@ import psutil
 import torch
 
 from kvserve.interfaces import DeviceCapability, LayerOps, LinearKernel, Platform
-from kvserve_platform_cpu.cpu_info import cpu_name_and_flags, native_bf16_feature
+from kvserve.native import cpu_name_and_flags
+from kvserve_platform_cpu.cpu_info import native_bf16_feature
 
 # Without an explicit fraction the KV cache takes this share of available memory, capped,
 # so a laptop user is not surprised by a multi-GiB allocation.

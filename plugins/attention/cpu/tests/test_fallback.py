@@ -1,11 +1,10 @@
 """Without a C++ compiler the backend keeps its PyTorch path, says so and why, and still passes the contract."""
 
-from pathlib import Path
-
 import pytest
 import torch
 
 from kvserve.interfaces import AttentionSpec, LayerAttentionSpec
+from kvserve.native import cpu_name_and_flags
 from kvserve.testing import AttentionBackendContract
 from kvserve.testing.attention_reference import build_batch
 from kvserve_attention_cpu import native_kernel
@@ -46,14 +45,9 @@ def test_kernels_says_the_instructions_the_kernel_was_built_for():
     reason = native_kernel.unavailable_reason()
     if reason is not None:
         pytest.skip(f"the C++ kernel cannot be built here: {reason}")
-    cpuinfo = Path("/proc/cpuinfo")
-    if not cpuinfo.exists():
-        pytest.skip("no /proc/cpuinfo to read the CPU's flags from")
-    flags = next(
-        (line.split(":", 1)[1].split() for line in cpuinfo.read_text().splitlines() if line.startswith("flags")), []
-    )
+    flags = cpu_name_and_flags()[1]
     # built -march=native: AVX-512 where the CPU has it, else AVX2 with FMA, else the portable loops
-    expected = "avx512" if "avx512f" in flags else "avx2" if {"avx2", "fma"} <= set(flags) else "portable"
+    expected = "avx512" if "avx512f" in flags else "avx2" if {"avx2", "fma"} <= flags else "portable"
     assert f"C++ paged kernel ({expected})" in CpuAttentionBackend(spec()).kernels()
 
 
