@@ -77,7 +77,7 @@ class LlamaAttention(torch.nn.Module):
 
 
 class LlamaMLP(torch.nn.Module):
-    """SwiGLU feed-forward: ``down(silu(gate(x)) * up(x))`` with gate and up fused."""
+    """SwiGLU feed-forward: ``down(silu(gate(x)) * up(x))``, gate and up two projections."""
 
     def __init__(self, hf_config: Any, quant_method: QuantizationMethod, prefix: str) -> None:
         super().__init__()
