@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import resource
 import signal
 import statistics
 import subprocess
@@ -45,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from kvserve.benchmarking.cpu_usage import busy_cpu_seconds, tree_cpu_seconds, wait_until_idle
+from kvserve.benchmarking.cpu_usage import CpuWindow, tree_cpu_seconds, wait_until_idle
 from kvserve.benchmarking.engine_env import engine_env
 
 WORKER = Path(__file__).with_name("peer_engine.py")
@@ -116,18 +115,13 @@ def chat_workload(model: str, count: int, min_new: int, max_new: int, seed: int)
 def measure(engine: Engine, others: list[Engine]) -> dict:
     """One pass of ``engine``, once the idle engines have settled, with the CPU that the rest of the
     machine and our idle engines used meanwhile."""
-    settled_s = wait_until_idle([e.proc.pid for e in others])
-
-    def ours() -> tuple[float, float]:  # (the running engine's tree, this process + the idle engines' trees)
-        me = resource.getrusage(resource.RUSAGE_SELF)
-        return tree_cpu_seconds(engine.proc.pid), me.ru_utime + me.ru_stime + sum(
-            tree_cpu_seconds(e.proc.pid) for e in others
-        )
-
-    busy, (own, idle) = busy_cpu_seconds(), ours()
-    result = engine.run()
-    busy, (own, idle) = busy_cpu_seconds() - busy, (b - a for a, b in zip((own, idle), ours(), strict=True))
-    result["foreign_cpu_s"] = busy - own - idle
+    idle_pids = [e.proc.pid for e in others]
+    settled_s = wait_until_idle(idle_pids)
+    own, idle = tree_cpu_seconds(engine.proc.pid), sum(map(tree_cpu_seconds, idle_pids))
+    with CpuWindow(engine.proc.pid, *idle_pids) as cpu:
+        result = engine.run()
+    own, idle = tree_cpu_seconds(engine.proc.pid) - own, sum(map(tree_cpu_seconds, idle_pids)) - idle
+    result["foreign_cpu_s"] = cpu.foreign_s
     result["own_cpu_s"] = own
     result["idle_cpu_s"] = idle
     result["settled_s"] = settled_s
