@@ -7,7 +7,7 @@ SmolLM2's 9/3 heads of 64, bfloat16, two threads, kernel vs SDPA (``benchmarks/a
 shapes): a 512-token chunk after 2,488 cached 13.5 vs 25.0 ms; one 1,024-token prompt 4.6 vs
 11.9 ms; 2 prompts of 300 0.82 vs 3.07 ms; 4 of 128 0.33 vs 1.43 ms; 8 of 64 0.19 vs 1.03 ms;
 32 chunks of 8 after 200 cached 0.47 vs 3.19 ms. On a 2-core AMD Zen 3 (AVX2), float32: the
-512-token chunk 29 vs 32 ms, 4 prompts of 128 0.80 vs 1.9 ms.
+512-token chunk 24.5 vs 32 ms, 4 prompts of 128 0.70 vs 1.9 ms.
 """
 
 from __future__ import annotations

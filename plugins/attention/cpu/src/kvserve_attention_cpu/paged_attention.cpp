@@ -276,7 +276,11 @@ inline void score16(const T* q, const T* const* keys, float scale, int64_t count
 #pragma GCC unroll 8
       for (int t = 0; t < 8; ++t) acc[t] = _mm256_fmadd_ps(qd, load8(keys[half + t] + d), acc[t]);
     }
-    _mm256_maskstore_ps(out + half, lanes_below8(count - half), _mm256_mul_ps(sum_each8(acc), _mm256_set1_ps(scale)));
+    const __m256 dots = _mm256_mul_ps(sum_each8(acc), _mm256_set1_ps(scale));
+    if (count - half >= 8)  // masked stores are slow on AMD's cores: only a partial vector takes one
+      _mm256_storeu_ps(out + half, dots);
+    else
+      _mm256_maskstore_ps(out + half, lanes_below8(count - half), dots);
   }
 }
 
@@ -404,16 +408,19 @@ void score_keys(const Problem& p, const T* q_row, const T* const* keys, int64_t 
       const int64_t ahead = j0 + kKeyTile;
       const int64_t lines = fetch ? std::clamp<int64_t>(n - ahead, 0, kKeyTile) * row_lines : 0;
       const int64_t per_head = (lines + p.heads - 1) / p.heads;  // one division a tile: one a head cost ~8%
-      int64_t issued = 0;
+      int64_t issued = 0, next_key = ahead, next_line = 0;  // the next line to ask for: (key, line of its row)
       for (int64_t kv_head = 0; kv_head < p.kv_heads; ++kv_head) {
         for (int64_t t = 0; t < kKeyTile; ++t)  // a short tile repeats its last key; those lanes are not stored
           tile[t] = keys[j0 + std::min(t, count - 1)] + kv_head * D;
         for (int64_t h = kv_head * p.group; h < (kv_head + 1) * p.group; ++h) {
           for (const int64_t share = std::min(lines, issued + per_head); issued < share; ++issued) {
-            const T* key_row = keys[ahead + issued / row_lines];
-            const int64_t offset = (issued % row_lines) * 64;
-            _mm_prefetch(reinterpret_cast<const char*>(key_row) + offset, _MM_HINT_T0);
-            _mm_prefetch(reinterpret_cast<const char*>(key_row + p.kv_half) + offset, _MM_HINT_T0);
+            const T* key_row = keys[next_key];
+            _mm_prefetch(reinterpret_cast<const char*>(key_row) + next_line * 64, _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(key_row + p.kv_half) + next_line * 64, _MM_HINT_T0);
+            if (++next_line == row_lines) {  // counters: a division a line cost a quarter of a decode's time
+              next_line = 0;
+              ++next_key;
+            }
           }
           score16<T, HEAD_DIM>(q_row + h * p.q_stride_head, tile, p.scale, count, sc + h * stride + j0);
         }
@@ -507,17 +514,23 @@ inline void softmax_unnormalized(float* scores, int64_t n, float soft_cap, float
     for (int64_t j = 0; j < n; ++j) scores[j] = soft_capped(scores[j], soft_cap);
   const __m256 lowest = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
   __m256 m = lowest;
-  for (int64_t j = 0; j < n; j += 8) {
-    const __m256i in = lanes_below8(n - j);
-    m = _mm256_max_ps(m, _mm256_blendv_ps(lowest, _mm256_maskload_ps(scores + j, in), _mm256_castsi256_ps(in)));
-  }
+  const int64_t whole = n / 8 * 8;  // whole vectors take plain loads and stores, the tail masked ones
+  for (int64_t j = 0; j < whole; j += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(scores + j));
+  const __m256i tail = lanes_below8(n - whole);
+  if (whole < n)
+    m = _mm256_max_ps(m, _mm256_blendv_ps(lowest, _mm256_maskload_ps(scores + whole, tail), _mm256_castsi256_ps(tail)));
   const float top = reduce_max8(m);
   __m256 sum = _mm256_setzero_ps();
-  for (int64_t j = 0; j < n; j += 8) {
-    const __m256i in = lanes_below8(n - j);
-    const __m256 e = _mm256_and_ps(exp_nonpositive8(_mm256_sub_ps(_mm256_maskload_ps(scores + j, in), _mm256_set1_ps(top))),
-                                   _mm256_castsi256_ps(in));
-    _mm256_maskstore_ps(scores + j, in, e);
+  for (int64_t j = 0; j < whole; j += 8) {
+    const __m256 e = exp_nonpositive8(_mm256_sub_ps(_mm256_loadu_ps(scores + j), _mm256_set1_ps(top)));
+    _mm256_storeu_ps(scores + j, e);
+    sum = _mm256_add_ps(sum, e);
+  }
+  if (whole < n) {
+    const __m256 e = _mm256_and_ps(
+        exp_nonpositive8(_mm256_sub_ps(_mm256_maskload_ps(scores + whole, tail), _mm256_set1_ps(top))),
+        _mm256_castsi256_ps(tail));
+    _mm256_maskstore_ps(scores + whole, tail, e);
     sum = _mm256_add_ps(sum, e);
   }
   max_out = top;
