@@ -9,8 +9,8 @@ quiet (``wait_until_idle``), so that no engine pays another's leftover work. Pee
 one). ``--variant NAME=CHECKOUT`` adds kvserve from another checkout (its ``src`` folders go first
 on ``PYTHONPATH``), e.g. the integration head.
 
-``-O N`` (repeatable) runs kvserve once per optimization level (``kvserve-O<N>``); each kvserve
-warm-up covers the whole batch, so a compiled level's step sizes are ready before the timed pass.
+``-O N`` (repeatable) runs kvserve once per optimization level (``kvserve-O<N>``); at a compiled
+level kvserve's warm-up is one whole untimed pass, so every step size of the timed passes is compiled.
 
 Workloads (every engine gets the same token ids):
 
