@@ -6,8 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import RepetitionPenaltyLogitsProcessor
 
-from kvserve.engine.sampler import Sampler, row_argmax
 from kvserve.request import Request
+from kvserve.sampling import Sampler, row_argmax
 from kvserve.sampling_params import SamplingParams
 
 VOCAB = 12
@@ -20,7 +20,7 @@ def request(rid="r", prompt=(1, 2, 3), output=(), **params):
 
 
 def processed(logits, requests):
-    return Sampler(0)._process(logits.clone(), requests)[0]
+    return Sampler(0).process(logits, requests)[0]
 
 
 def test_repetition_penalty_matches_hf_over_prompt_and_output():
@@ -237,3 +237,132 @@ def test_row_argmax_is_torch_argmax(rows, vocab, levels, specials, seed):
     for value in specials:
         x[torch.randint(0, rows, (1,), generator=generator), torch.randint(0, vocab, (1,), generator=generator)] = value
     assert torch.equal(row_argmax(x), x.argmax(dim=-1))
+
+
+def reference_distribution(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
+    """vLLM's order, written plainly: temperature, min-p, top-k, top-p (ties at the edge kept), renormalized."""
+    probs = (logits / temperature).softmax(-1).double()
+    probs[probs < probs.max() * min_p] = 0
+    if top_k:
+        probs[probs < probs.topk(top_k).values[-1]] = 0
+    values = probs.sort(descending=True).values
+    kept = values[(values.cumsum(0) - values) < top_p * probs.sum()]
+    probs[probs < kept.min()] = 0
+    return probs / probs.sum()
+
+
+@pytest.mark.parametrize(
+    "scale,params",
+    [
+        (2.0, {"temperature": 1.0}),
+        (2.0, {"temperature": 0.5}),
+        (2.0, {"temperature": 1.0, "top_p": 0.6}),
+        (2.0, {"temperature": 0.8, "top_p": 0.9, "min_p": 0.05}),
+        (2.0, {"temperature": 1.0, "top_k": 5, "top_p": 0.8}),
+        (2.0, {"temperature": 1.0, "min_p": 0.2}),
+        (0.01, {"temperature": 1.0, "top_p": 0.1}),  # flat: most draws fall outside, rows end up sorting
+        (0.01, {"temperature": 0.7, "top_p": 0.9, "seed": 5}),
+    ],
+)
+def test_draws_follow_the_truncated_distribution_exactly(scale, params):
+    """20,000 draws per case: the observed frequencies are within sampling noise of the reference
+    distribution (total variation below 0.03 over 40 tokens) and never leave its support."""
+    vocab, rows, rounds = 40, 2000, 10
+    logits = torch.randn(1, vocab, generator=torch.Generator().manual_seed(1)) * scale
+    expected = reference_distribution(logits[0], **{k: v for k, v in params.items() if k != "seed"})
+    sampler = Sampler(11)
+    requests = [request(f"r{i}", **{**params, **({"seed": i} if "seed" in params else {})}) for i in range(rows)]
+    counts = torch.zeros(vocab, dtype=torch.float64)
+    for _ in range(rounds):
+        tokens = sampler(logits.repeat(rows, 1), requests).tokens
+        counts += torch.bincount(torch.tensor(tokens), minlength=vocab).double()
+    observed = counts / counts.sum()
+    assert set(observed.nonzero().flatten().tolist()) <= set(expected.nonzero().flatten().tolist())
+    assert 0.5 * (observed - expected).abs().sum() < 0.03
+
+
+def test_a_draw_never_lands_on_a_token_without_probability():
+    """Rows whose tail is masked to -inf: even the extreme uniform draws stay on allowed tokens."""
+    logits = torch.full((64, 1000), float("-inf"))
+    logits[:, 10:13] = torch.tensor([0.0, 1.0, 2.0])
+    rows = [request(f"r{i}", temperature=1.0, seed=i) for i in range(64)]
+    for _ in range(20):
+        assert set(Sampler(0)(logits, rows).tokens) <= {10, 11, 12}
+
+
+def test_a_batch_constraint_mask_allowing_one_token_per_row_forces_it():
+    """The first pipeline stage: each row's constraint allows one token (a different one per row, at
+    word boundaries too); greedy and sampled rows alike emit it, and accepted tokens reach the constraint."""
+    from kvserve.interfaces import LogitsConstraint
+
+    class OneToken(LogitsConstraint):
+        def __init__(self, token):
+            self.token, self.accepted = token, []
+
+        def fill_bitmask(self, bitmask, row):
+            bitmask[row] = 0
+            bitmask[row, self.token // 32] = 1 << (self.token % 32) if self.token % 32 < 31 else -(2**31)
+
+        def accept_tokens(self, token_ids):
+            self.accepted += token_ids
+            return token_ids == [self.token]
+
+        def is_terminated(self):
+            return False
+
+    vocab = 100
+    forced = [0, 31, 32, 63, 64, 99, 7, 50]
+    rows = []
+    for i, token in enumerate(forced):
+        r = request(f"r{i}", temperature=0.0 if i % 2 else 1.0, seed=i if i % 4 == 0 else None)
+        r.logits_constraint = OneToken(token)
+        rows.append(r)
+    rows.append(request("free", temperature=0.0))
+    logits = torch.randn(len(rows), vocab)
+    sampler = Sampler(0)
+    out = sampler(logits, rows)
+    assert out.tokens[: len(forced)] == forced and not out.errors
+    assert out.tokens[-1] == int(logits[-1].argmax())  # an unconstrained row is left alone
+    for r, token in zip(rows, out.tokens):
+        sampler.accept(r, [token])
+    assert [r.logits_constraint.accepted for r in rows[: len(forced)]] == [[t] for t in forced]
+    with pytest.raises(ValueError, match="refused"):
+        sampler.accept(rows[0], [5])
+
+
+def test_a_failing_constraint_fails_only_its_row():
+    from kvserve.interfaces import LogitsConstraint
+
+    class Broken(LogitsConstraint):
+        def fill_bitmask(self, bitmask, row):
+            raise RuntimeError("grammar state lost")
+
+        def accept_tokens(self, token_ids):
+            return True
+
+        def is_terminated(self):
+            return False
+
+    rows = [request("bad"), request("good", temperature=0.0)]
+    rows[0].logits_constraint = Broken()
+    logits = torch.randn(2, VOCAB)
+    out = Sampler(0)(logits, rows)
+    assert list(out.errors) == [0] and "grammar state lost" in out.errors[0]
+    assert out.tokens[1] == int(logits[1].argmax())
+
+
+@pytest.mark.parametrize("mode", ["raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits"])
+def test_logprobs_modes_report_the_raw_or_the_processed_distribution(mode):
+    logits = torch.tensor([[3.0, 2.0, 1.0, 0.0] + [-5.0] * (VOCAB - 4)])
+    r = request(logprobs=3, temperature=0.5, top_k=2, seed=3)
+    entry = Sampler(0, logprobs_mode=mode)(logits, [r]).logprobs[0]
+    scaled = logits[0] / 0.5
+    expected = {
+        "raw_logprobs": logits[0].log_softmax(-1),
+        "raw_logits": logits[0],
+        "processed_logprobs": torch.cat([scaled[:2].log_softmax(-1), torch.full((VOCAB - 2,), float("-inf"))]),
+        "processed_logits": torch.cat([scaled[:2], torch.full((VOCAB - 2,), float("-inf"))]),
+    }[mode]
+    for token, logprob in entry.items():
+        assert logprob.logprob == pytest.approx(float(expected[token]))
+    assert set(entry) >= {0, 1}

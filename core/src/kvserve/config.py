@@ -37,6 +37,16 @@ class ModelConfig(_Section):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = AUTO
     max_model_len: PositiveInt | None = Field(None, description="None: the model's max_position_embeddings")
     seed: int = 0
+    logprobs_mode: Literal["raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits"] = Field(
+        "raw_logprobs",
+        description="What logprobs report: the model's distribution (raw) or the one tokens are drawn from, after "
+        "masks, bias, penalties, temperature and top-k/top-p/min-p (processed); as log-probabilities or logits",
+    )
+    logits_processors: list[Any] = Field(
+        default_factory=list,
+        description="Batch-level logits processors every step runs (vLLM v1's interface): registered "
+        "logits_processor plugin names, 'module:Class' strings, or LogitsProcessor classes",
+    )
 
 
 class CacheConfig(_Section):

@@ -48,6 +48,12 @@ def register_kv_cache_managers(register: Register) -> None:
 
 
 @hookspec
+def register_logits_processors(register: Register) -> None:
+    """Register :class:`kvserve.interfaces.LogitsProcessor` classes (vLLM v1's batch-level interface),
+    which the engine runs when its ``logits_processors`` config names them."""
+
+
+@hookspec
 def register_quantization_methods(register: Register) -> None:
     """Register :class:`kvserve.interfaces.QuantizationMethod` classes under the
     ``quant_method`` name used in HF ``quantization_config``."""

@@ -22,6 +22,7 @@ KINDS = (
     "scheduler",
     "kv_cache_manager",
     "quantization_method",
+    "logits_processor",
 )
 
 

@@ -21,6 +21,7 @@ INSTALL_HINTS = {
     "scheduler": "kvserve-scheduler-fifo",
     "kv_cache_manager": "kvserve-core",
     "quantization_method": "kvserve-quant-awq",
+    "logits_processor": "kvserve-core",
 }
 
 

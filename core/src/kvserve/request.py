@@ -5,9 +5,13 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from kvserve.sampling_params import SamplingParams
 from kvserve.stopping import token_stop
+
+if TYPE_CHECKING:
+    from kvserve.interfaces.logits_constraint import LogitsConstraint
 
 
 class RequestStatus(enum.Enum):
@@ -51,6 +55,8 @@ class Request:
     stop_reason: int | None = None
     bad_words_token_ids: list[list[int]] = field(default_factory=list)
     """``sampling_params.bad_words`` as token sequences (tokenized and checked when the request is added)."""
+    logits_constraint: LogitsConstraint | None = None
+    """What the request may emit next (a grammar), advanced with every accepted token; None: anything."""
 
     @property
     def num_tokens(self) -> int:

@@ -53,6 +53,9 @@ class SamplingParams(BaseModel):
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] = Field(default_factory=list)
     logits_processors: list[LogitsProcessor] = Field(default_factory=list)
+    extra_args: dict[str, Any] | None = Field(
+        None, description="Arguments for the engine's batch-level logits processors (vLLM's extra_args)"
+    )
     skip_special_tokens: bool = True
     detokenize: bool = True
     output_kind: Literal["cumulative", "delta", "final_only"] = Field(

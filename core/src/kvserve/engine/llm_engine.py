@@ -19,7 +19,6 @@ from kvserve.engine.compilation import CompiledForward
 from kvserve.engine.model_runner import ModelRunner, StepLogits
 from kvserve.engine.output_processor import RequestState, SequenceState
 from kvserve.engine.profiling import profile_peak_memory
-from kvserve.engine.sampler import Sampler, SamplerOutput, top_logprobs
 from kvserve.engine.stats import EngineStats, StatLogger
 from kvserve.engine.validation import check_request
 from kvserve.errors import ConfigError, EngineDeadError
@@ -37,6 +36,9 @@ from kvserve.logging_setup import configure_logging
 from kvserve.outputs import RequestOutput, TokenLogprobs
 from kvserve.plugins import load_component
 from kvserve.request import Request, RequestStatus
+from kvserve.sampling import Sampler, SamplerOutput, default_stages, token_logprobs
+from kvserve.sampling.batch_processors import BatchLogitsProcessorsStage
+from kvserve.sampling.processor_loading import resolve_logits_processors
 from kvserve.sampling_params import SamplingParams
 
 logger = logging.getLogger("kvserve")
@@ -90,7 +92,7 @@ class LLMEngine:
         """KV blocks of the cache, the null block included."""
         self.kv_cache_manager = manager_cls(num_blocks, block_size, config.cache.enable_prefix_caching)
         self.scheduler = scheduler_cls(config.scheduler, self.kv_cache_manager, self.max_model_len)
-        self.sampler = Sampler(config.model.seed)
+        self.sampler = self._sampler()
         if self.model is not None:
             kv_caches = backend.allocate_kv_cache(num_blocks)
             self.runner = ModelRunner(
@@ -150,6 +152,15 @@ class LLMEngine:
         freezing = compilation.optimization_level >= 2
         max_tokens = self.config.scheduler.max_num_batched_tokens
         return CompiledForward(self.model, max_tokens, freezing, compilation.compile_cache_dir)
+
+    def _sampler(self) -> Sampler:
+        """The sampler pipeline, with the configured batch-level logits processors as one stage; it
+        runs on the driver (under tensor parallelism too), where rank 0's logits arrive."""
+        self.logits_processor_classes = resolve_logits_processors(self.config.model.logits_processors)
+        device = self.platform.device() if self.model is not None else torch.device("cpu")
+        processors = [cls(self.config, device, False) for cls in self.logits_processor_classes]
+        extra = [BatchLogitsProcessorsStage(processors)] if processors else []
+        return Sampler(self.config.model.seed, default_stages(extra), self.config.model.logprobs_mode)
 
     def _max_model_len(self) -> int:
         limit = getattr(self.hf_config, "max_position_embeddings", None)
@@ -334,6 +345,7 @@ class LLMEngine:
             max_model_len=self.max_model_len,
             max_n=self.config.scheduler.max_n,
             tokenizer=self.tokenizer,
+            logits_processors=self.logits_processor_classes,
         )
 
     def abort_request(self, request_id: str) -> None:
@@ -433,6 +445,11 @@ class LLMEngine:
             state, seq = entry
             changed[state.request_id] = state
             try:
+                self.sampler.accept(request, request.output_token_ids[-1:])
+            except Exception as exc:  # its constraint refused the token: this request only
+                self._fail(state, f"accepting the token failed: {type(exc).__name__}: {exc}")
+                continue
+            try:
                 self._add_token(state, seq, logprobs[id(request)])
             except Exception as exc:  # e.g. a token its tokenizer cannot decode: this request only
                 self._fail(state, f"processing the output failed: {type(exc).__name__}: {exc}")
@@ -444,7 +461,10 @@ class LLMEngine:
         if state.metrics.first_token_time is None:
             state.metrics.first_token_time = time.monotonic()
         stop = seq.add_token(request.output_token_ids[-1], logprobs)
-        if stop is not None:
+        constraint = request.logits_constraint
+        # A complete grammar stops the request as a stop string does (a token rule that also held wins).
+        grammar_done = constraint is not None and not request.status.finished and constraint.is_terminated()
+        if stop is not None or grammar_done:
             if not request.status.finished:
                 self.scheduler.abort_request(request.request_id)  # frees its blocks
             request.status = RequestStatus.FINISHED_STOPPED
@@ -559,7 +579,7 @@ class LLMEngine:
             ids = item.request.prompt_token_ids[first : first + len(logits)]
             targets = torch.tensor(ids, device=logits.device)
             top_n = [state.params.prompt_logprobs] * len(logits)
-            state.prompt_logprobs.extend(top_logprobs(logits.log_softmax(dim=-1), targets, top_n))
+            state.prompt_logprobs.extend(token_logprobs(logits.log_softmax(dim=-1), targets, top_n))
 
     def _release(self, request: Request) -> None:
         self.sequences.pop(request.request_id, None)

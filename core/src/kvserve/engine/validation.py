@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from kvserve.engine.sampler import bad_word_token_ids
 from kvserve.errors import CapacityError
+from kvserve.interfaces.logits_processor import LogitsProcessor
+from kvserve.sampling import bad_word_token_ids
 from kvserve.sampling_params import SamplingParams
 
 
@@ -17,13 +19,15 @@ def check_request(
     max_model_len: int,
     max_n: int,
     tokenizer: Any,
+    logits_processors: Sequence[type[LogitsProcessor]] = (),
 ) -> list[list[int]]:
     """Raise naming the field if the request can never run; returns ``params.bad_words`` as token ids.
 
     ValueError: an empty prompt; a token id outside ``[0, vocab_size)`` in the prompt,
     ``stop_token_ids``, ``allowed_token_ids``, ``logit_bias`` or the tokenized ``bad_words``;
     ``n`` above ``max_n``. CapacityError: prompt + ``max_tokens`` beyond ``max_model_len``.
-    The prompt's ids are checked as numbers only: nothing decodes them.
+    The prompt's ids are checked as numbers only: nothing decodes them. Each of the engine's batch-level
+    ``logits_processors`` validates the params too (its ValueError names the field).
     """
     if not prompt_token_ids:
         raise ValueError("prompt: empty prompt")
@@ -39,6 +43,8 @@ def check_request(
             f"max_tokens: prompt ({len(prompt_token_ids)} tokens) + max_tokens ({params.max_tokens}) "
             f"exceeds max_model_len={max_model_len}"
         )
+    for processor in logits_processors:
+        processor.validate_params(params)
     bad_words = bad_word_token_ids(params.bad_words, tokenizer)
     _check_token_ids("bad_words", [t for word in bad_words for t in word], vocab_size)
     return bad_words

@@ -4,6 +4,8 @@ from kvserve.interfaces.attention import AttentionBackend, AttentionBatch, Atten
 from kvserve.interfaces.kv_cache import KVCacheManager, KVCacheStats
 from kvserve.interfaces.layer_ops import LayerOps
 from kvserve.interfaces.linear_kernel import LinearKernel
+from kvserve.interfaces.logits_constraint import LogitsConstraint
+from kvserve.interfaces.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 from kvserve.interfaces.model import Model
 from kvserve.interfaces.platform import DeviceCapability, Platform
 from kvserve.interfaces.quantization import ParamLoading, QuantizationMethod
@@ -13,13 +15,17 @@ __all__ = [
     "AttentionBackend",
     "AttentionBatch",
     "AttentionSpec",
+    "BatchUpdate",
     "DeviceCapability",
     "KVCacheManager",
     "KVCacheStats",
     "LayerAttentionSpec",
     "LayerOps",
     "LinearKernel",
+    "LogitsConstraint",
+    "LogitsProcessor",
     "Model",
+    "MoveDirectionality",
     "ParamLoading",
     "Platform",
     "QuantizationMethod",

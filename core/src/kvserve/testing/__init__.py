@@ -9,9 +9,9 @@ component by its registry name; pytest then runs every check of the contract aga
         backend = "my_backend"
 
 One contract per interface: :class:`PlatformContract`, :class:`AttentionBackendContract`,
-:class:`KVCacheManagerContract`, :class:`SchedulerContract`, :class:`ModelContract` and
-:class:`QuantizationMethodContract`. ``kvserve plugins check`` runs the same suites against
-installed plugins. The package is also a pytest plugin (entry point ``pytest11: kvserve``).
+:class:`KVCacheManagerContract`, :class:`SchedulerContract`, :class:`ModelContract`,
+:class:`QuantizationMethodContract` and :class:`LogitsProcessorContract`. ``kvserve plugins check``
+runs the same suites against installed plugins. The package is also a pytest plugin (entry point ``pytest11: kvserve``).
 
 Importing ``kvserve.testing`` is cheap: the contracts (and torch) load on first attribute use.
 """
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from kvserve.testing.check import contract_for
     from kvserve.testing.contracts.attention import AttentionBackendContract
     from kvserve.testing.contracts.kv_cache import KVCacheManagerContract
+    from kvserve.testing.contracts.logits_processor import LogitsProcessorContract
     from kvserve.testing.contracts.model import ModelContract
     from kvserve.testing.contracts.platform import PlatformContract
     from kvserve.testing.contracts.quantization import QuantizationMethodContract
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 _LAZY = {
     "AttentionBackendContract": "kvserve.testing.contracts.attention",
     "KVCacheManagerContract": "kvserve.testing.contracts.kv_cache",
+    "LogitsProcessorContract": "kvserve.testing.contracts.logits_processor",
     "ModelContract": "kvserve.testing.contracts.model",
     "PlatformContract": "kvserve.testing.contracts.platform",
     "QuantizationMethodContract": "kvserve.testing.contracts.quantization",
@@ -43,6 +45,7 @@ _LAZY = {
 __all__ = [
     "AttentionBackendContract",
     "KVCacheManagerContract",
+    "LogitsProcessorContract",
     "ModelContract",
     "PlatformContract",
     "QuantizationMethodContract",

@@ -35,6 +35,12 @@ CONTRACTS: dict[str, ContractInfo] = {
             "QuantizationMethodContract",
             "quantization",
         ),
+        ContractInfo(
+            "logits_processor",
+            "kvserve.testing.contracts.logits_processor",
+            "LogitsProcessorContract",
+            "logits_processor",
+        ),
     )
 }
 """Plugin kind -> its contract (every kind of ``kvserve.plugins.KINDS`` has one)."""

@@ -1,0 +1,49 @@
+"""Logprobs of the chosen tokens and the top-N, from the raw or the processed distribution."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+from kvserve.outputs import Logprob, TokenLogprobs
+from kvserve.request import Request
+from kvserve.sampling.draw import nucleus_probs
+
+LogprobsMode = Literal["raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits"]
+"""As vLLM's ``logprobs_mode``: the model's distribution before any processing (raw) or the one the
+token was drawn from (processed: after masks, bias, penalties, temperature, top-k/top-p/min-p), as
+log-probabilities or as logits."""
+
+
+def truncated_logits(scaled: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+    """Temperature-scaled logits of sampled rows with the tokens outside each row's min-p, top-k and
+    top-p support set to ``-inf``: explicitly, for reporting (the draw never builds this)."""
+    vocab = scaled.shape[1]
+    probs = scaled.softmax(dim=-1)
+    keep = torch.ones_like(scaled, dtype=torch.bool)
+    min_p = torch.tensor([r.sampling_params.min_p for r in requests], device=scaled.device).unsqueeze(1)
+    keep &= probs >= probs.amax(dim=-1, keepdim=True) * min_p
+    for row, request in enumerate(requests):
+        k = request.sampling_params.top_k
+        if 0 < k < vocab:
+            keep[row] &= scaled[row] >= scaled[row].topk(k).values[-1]
+    if any(r.sampling_params.top_p < 1.0 for r in requests):
+        keep &= nucleus_probs(probs * keep, requests) > 0
+    return scaled.masked_fill(~keep, float("-inf"))
+
+
+def token_logprobs(values: torch.Tensor, targets: torch.Tensor, top_ns: list[int]) -> list[TokenLogprobs]:
+    """Per row of ``values`` (log-probabilities or logits): ``targets[row]``'s value and rank plus the top
+    ``top_ns[row]``."""
+    chosen = values.gather(1, targets.unsqueeze(1)).squeeze(1)
+    ranks = (values > chosen.unsqueeze(1)).sum(dim=-1) + 1
+    widest = max(top_ns, default=0)
+    top_values, top_ids = values.topk(widest, dim=-1) if widest else (None, None)
+    result = []
+    for row, top_n in enumerate(top_ns):
+        entry = {int(targets[row]): Logprob(float(chosen[row]), int(ranks[row]))}
+        for rank in range(top_n):
+            entry.setdefault(int(top_ids[row, rank]), Logprob(float(top_values[row, rank]), rank + 1))
+        result.append(entry)
+    return result
