@@ -36,8 +36,10 @@ _current: ForwardContext | None = None
 def current_forward_context(ctx: ForwardContext) -> Iterator[ForwardContext]:
     """Within the block, :func:`get_forward_context` returns ``ctx``.
 
-    A compiled model cannot take the context through its graph (it is no tensor), so the
-    attention op of a compiled forward reads it from here instead.
+    The runner runs every forward inside it, so layers the context is not passed to (a linear
+    layer reading ``token_metadata``) find it here; a compiled model cannot take the context
+    through its graph (it is no tensor), so the attention op of a compiled forward reads it from
+    here too.
     """
     global _current
     previous, _current = _current, ctx

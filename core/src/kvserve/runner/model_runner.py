@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from kvserve.forward_context import ForwardContext
+from kvserve.forward_context import ForwardContext, current_forward_context
 from kvserve.interfaces import AttentionBackend, AttentionBatch
 from kvserve.runner.compilation import CompiledForward
 from kvserve.runner.step_buffers import StepBuffers
@@ -117,7 +117,8 @@ class ModelRunner:
         input_ids, positions, batch, metadata = self.prepare(step)
         ctx = ForwardContext(self.backend, batch, self.backend.build_metadata(batch), self.kv_caches, metadata)
         forward = self.model if self.compiled is None else self.compiled
-        hidden = forward(input_ids, positions, ctx)
+        with current_forward_context(ctx):  # for layers the context is not passed to (linear layers)
+            hidden = forward(input_ids, positions, ctx)
         samples = torch.from_numpy(step.sample_indices).to(self.device)
         logits = self.model.compute_logits(hidden[samples]).float()
         prompt_logits = {
