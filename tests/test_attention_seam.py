@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from kvserve import LLM
-from kvserve.engine.profiling import profile_batch
 from kvserve.errors import ConfigError
 from kvserve.interfaces import LayerAttentionSpec
 from kvserve.plugins import get_plugin_manager
+from kvserve.runner.profiling import profile_batch
 from kvserve.testing.hf_models import build_tiny_model
 
 PLUGIN = '''

@@ -12,9 +12,10 @@ from typer.testing import CliRunner
 from kvserve import LLM, SamplingParams
 from kvserve.cli import app, bench  # noqa: F401  (registers the commands)
 from kvserve.config import EngineConfig
-from kvserve.engine.compilation import token_buckets
 from kvserve.errors import ConfigError
 from kvserve.layers import LinearBase, PackedLinearMethod
+from kvserve.runner.compilation import token_buckets
+from kvserve.runner.step_input import StepInput
 from kvserve.testing.hf_models import build_tiny_model
 from kvserve_attention_cpu import native_kernel
 from kvserve_platform_cpu.platform import CpuPlatform
@@ -72,17 +73,21 @@ def test_padded_step_lands_in_the_persistent_buffers(tiny_llama):
     prompt_ids = [tokenizer.encode(p) for p in PROMPTS]
     for i, ids in enumerate(prompt_ids):
         engine.add_request(str(i), ids, SamplingParams(temperature=0, max_tokens=4))
-    plan = engine.scheduler.schedule()
-    input_ids, positions, batch = runner.prepare(plan)
+    step = StepInput.from_plan(
+        engine.scheduler.schedule(), engine.kv_cache_manager, {"request": lambda r: int(r.request_id)}
+    )
+    input_ids, positions, batch, metadata = runner.prepare(step)
     real = sum(map(len, prompt_ids))
     assert input_ids.shape[0] == positions.shape[0] == batch.slot_mapping.shape[0] == 32 > real
     assert input_ids.device == runner.device
     assert input_ids[:real].tolist() == [t for ids in prompt_ids for t in ids]
     assert input_ids[real:].eq(0).all() and positions[real:].eq(0).all() and batch.slot_mapping[real:].eq(-1).all()
+    owners = [i for i, ids in enumerate(prompt_ids) for _ in ids]
+    assert metadata["request"].tolist() == owners + [-1] * (32 - real)  # padded tokens belong to no request
     assert batch.query_start_loc_host[-1] == real and batch.block_tables.is_contiguous()
     # The next step reuses the same storage instead of allocating.
     pointers = (input_ids.data_ptr(), positions.data_ptr(), batch.slot_mapping.data_ptr())
-    again, again_pos, again_batch = runner.prepare(plan)
+    again, again_pos, again_batch, _ = runner.prepare(step)
     assert (again.data_ptr(), again_pos.data_ptr(), again_batch.slot_mapping.data_ptr()) == pointers
 
 

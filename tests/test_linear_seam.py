@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kvserve.components import resolve_dtype
 from kvserve.config import EngineConfig
-from kvserve.engine.components import resolve_dtype
 from kvserve.errors import ConfigError, WeightLoadError
 from kvserve.interfaces import ParamLoading
 from kvserve.layers import ColumnLinear, MergedColumnLinear, PagedAttention, UnquantizedLinearMethod, load_checkpoint

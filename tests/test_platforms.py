@@ -7,8 +7,7 @@ import sys
 import pytest
 import torch
 
-from kvserve import LLM
-from kvserve.engine import components
+from kvserve import LLM, components
 from kvserve.errors import ConfigError
 from kvserve.testing.hf_models import build_tiny_model
 from kvserve_platform_cpu.platform import CpuPlatform

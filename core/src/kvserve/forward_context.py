@@ -1,13 +1,15 @@
-"""The one small object that carries a step's attention state through the model."""
+"""The one small object that carries a step's attention state and per-token metadata through the model."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import torch
+
     from kvserve.interfaces.attention import AttentionBackend, AttentionBatch
 
 
@@ -21,6 +23,10 @@ class ForwardContext:
     """The backend's :meth:`~kvserve.interfaces.AttentionBackend.build_metadata` result."""
     kv_caches: list[Any]
     """One entry per layer, as the backend's ``allocate_kv_cache`` made them."""
+    token_metadata: dict[str, torch.Tensor] = field(default_factory=dict)
+    """Name -> int64 ``[num_tokens]`` on the model's device, one value per token of the forward
+    (its ``input_ids``, padding included: padded tokens carry -1), as the step input's
+    ``token_metadata`` gave it; e.g. which LoRA adapter each token's request uses."""
 
 
 _current: ForwardContext | None = None
@@ -30,8 +36,10 @@ _current: ForwardContext | None = None
 def current_forward_context(ctx: ForwardContext) -> Iterator[ForwardContext]:
     """Within the block, :func:`get_forward_context` returns ``ctx``.
 
-    A compiled model cannot take the context through its graph (it is no tensor), so the
-    attention op of a compiled forward reads it from here instead.
+    The runner runs every forward inside it, so layers the context is not passed to (a linear
+    layer reading ``token_metadata``) find it here; a compiled model cannot take the context
+    through its graph (it is no tensor), so the attention op of a compiled forward reads it from
+    here too.
     """
     global _current
     previous, _current = _current, ctx

@@ -3,56 +3,35 @@
 from __future__ import annotations
 
 import logging
-import math
 import time
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import GenerationConfig
 
-from kvserve import distributed
-from kvserve.config import AUTO, EngineConfig, SchedulerConfig
-from kvserve.engine import components
-from kvserve.engine.compilation import CompiledForward
-from kvserve.engine.model_runner import ModelRunner, StepLogits
+from kvserve import components
+from kvserve.config import EngineConfig, SchedulerConfig
 from kvserve.engine.output_processor import RequestState, SequenceState
-from kvserve.engine.profiling import profile_peak_memory
 from kvserve.engine.stats import EngineStats, StatLogger
 from kvserve.engine.validation import check_request
-from kvserve.errors import ConfigError, EngineDeadError
+from kvserve.errors import EngineDeadError
 from kvserve.executor import Executor, InProcessExecutor
-from kvserve.interfaces import AttentionBackend, LayerAttentionSpec, QuantizationMethod, SchedulerOutput
-from kvserve.layers import (
-    LinearBase,
-    TorchLayerOps,
-    UnquantizedLinearMethod,
-    attention_layers,
-    pack_linear_weights,
-    use_layer_ops,
-)
+from kvserve.interfaces import SchedulerOutput
 from kvserve.logging_setup import configure_logging
 from kvserve.outputs import RequestOutput, TokenLogprobs
-from kvserve.plugins import load_component
 from kvserve.request import Request, RequestStatus
+from kvserve.runner.build import build_runner
+from kvserve.runner.model_settings import ModelSettings
+from kvserve.runner.step_input import StepInput, TokenMetadataSource
+from kvserve.runner.step_logits import StepLogits
 from kvserve.sampling import Sampler, SamplerOutput, default_stages, token_logprobs
 from kvserve.sampling.batch_processors import BatchLogitsProcessorsStage
 from kvserve.sampling.processor_loading import resolve_logits_processors
 from kvserve.sampling_params import SamplingParams
 
 logger = logging.getLogger("kvserve")
-
-
-@contextmanager
-def default_dtype(dtype: torch.dtype):
-    """Within the block, new tensors default to ``dtype`` (how models are built in their target dtype)."""
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(previous)
 
 
 class LLMEngine:
@@ -66,42 +45,29 @@ class LLMEngine:
         self.tokenizer = source.tokenizer
         self.model_path = source.path
         self.hf_config = source.hf_config
-        self.quant_method = self._quant_method()
-        self.dtype = components.resolve_dtype(config, self.platform, self.quant_method)
+        settings = ModelSettings.resolve(config, self.platform, self.hf_config)
+        self.dtype, self.max_model_len = settings.dtype, settings.max_model_len
         self.platform.seed_everything(config.model.seed)
-        self.max_model_len = self._max_model_len()
         self.eos_token_ids = self._eos_token_ids(source)
 
         scheduler_cls, manager_cls = components.resolve_policy_components(config)
-        if config.parallel.tensor_parallel_size > 1 and not distributed.is_worker():
+        if config.parallel.tensor_parallel_size > 1:
             # The driver: workers hold the model shards and their KV caches; it plans and samples.
             self.model = self.runner = None
-            self.linear_kernel = self.layer_ops = "chosen by each worker"
             self.executor = self._distributed_executor()
-            num_blocks, block_size = self.executor.info.num_kv_blocks, self.executor.info.block_size
-            backend_name = f"{self.executor.info.attention_backend} x{config.parallel.tensor_parallel_size} ranks"
         else:
-            self.model = self._build_model(source)
-            # The backend exists before the cache is sized: it states what a block costs.
-            backend_cls, spec = components.resolve_attention(
-                config, self.platform, self._attention_shape(), self._attention_layers(), self.dtype
-            )
-            backend = backend_cls(spec)
-            num_blocks, block_size, backend_name = self._num_kv_blocks(backend), spec.block_size, backend_cls.name
-        self.num_kv_blocks = num_blocks
+            self.runner = build_runner(config, self.platform, source, settings)
+            self.model = self.runner.model
+            self.executor = InProcessExecutor(self.runner)
+        info = self.executor.info
+        self.num_kv_blocks = info.num_kv_blocks
         """KV blocks of the cache, the null block included."""
-        self.kv_cache_manager = manager_cls(num_blocks, block_size, config.cache.enable_prefix_caching)
+        self.kv_cache_manager = manager_cls(info.num_kv_blocks, info.block_size, config.cache.enable_prefix_caching)
         self.scheduler = scheduler_cls(config.scheduler, self.kv_cache_manager, self.max_model_len)
         self.sampler = self._sampler()
-        if self.model is not None:
-            kv_caches = backend.allocate_kv_cache(num_blocks)
-            self.runner = ModelRunner(
-                self.model, backend, kv_caches, self.kv_cache_manager, self.platform.device(), self._compiled_forward(),
-                config.scheduler.max_num_batched_tokens, config.scheduler.max_num_seqs, self.max_model_len,
-            )  # fmt: skip
-            self.executor = InProcessExecutor(self.runner)
-        else:
-            self.executor.kv_cache_manager = self.kv_cache_manager
+        self.token_metadata: dict[str, TokenMetadataSource] = {}
+        """Name -> the value each token of a request carries under it, sent to the model with every
+        step (:attr:`kvserve.forward_context.ForwardContext.token_metadata`), e.g. LoRA adapter ids."""
         self.states: dict[str, RequestState] = {}
         """User requests by id."""
         self.sequences: dict[str, tuple[RequestState, SequenceState]] = {}
@@ -109,14 +75,15 @@ class LLMEngine:
         self.stat_logger = StatLogger()
         self.dead_error: Exception | None = None
         """What stopped the engine (a failed step); None while it runs."""
-        self.backend_name = backend_name
+        tp = config.parallel.tensor_parallel_size
+        self.backend_name = info.attention_backend + (f" x{tp} ranks" if tp > 1 else "")
         logger.info(
             "kvserve engine: model=%s platform=%s dtype=%s (%s) %s scheduler=%s "
             "kv_cache_manager=%s block_size=%d num_kv_blocks=%d (%d tokens) max_model_len=%d",
             source.path, self.platform.name, str(self.dtype).removeprefix("torch."),
             components.dtype_reason(config, self.platform), self.execution_summary(),
-            _scheduler_summary(scheduler_cls.name, config.scheduler), manager_cls.name, block_size, num_blocks - 1,
-            (num_blocks - 1) * block_size, self.max_model_len,
+            _scheduler_summary(scheduler_cls.name, config.scheduler), manager_cls.name, info.block_size,
+            info.num_kv_blocks - 1, (info.num_kv_blocks - 1) * info.block_size, self.max_model_len,
         )  # fmt: skip
 
     def execution_summary(self) -> str:
@@ -129,9 +96,10 @@ class LLMEngine:
         how = compiled.describe() if compiled is not None else "eager" if level == 0 else "compiled on every rank"
         kernels = self.runner.backend.kernels() if self.runner is not None else ""
         backend = f"{self.backend_name} ({kernels})" if kernels else self.backend_name
+        info = self.executor.info
         return (
-            f"optimization_level={level} ({how}) attention_backend={backend} linear_kernel={self.linear_kernel} "
-            f"layer_ops={self.layer_ops}"
+            f"optimization_level={level} ({how}) attention_backend={backend} linear_kernel={info.linear_kernel} "
+            f"layer_ops={info.layer_ops}"
         )
 
     # -- construction -------------------------------------------------------------------
@@ -144,15 +112,6 @@ class LLMEngine:
 
         return MultiprocExecutor(self.config, self.platform.distributed_backend)
 
-    def _compiled_forward(self) -> CompiledForward | None:
-        """The model's compiled forward at optimization levels 1 and 2; None at level 0 (eager)."""
-        compilation = self.config.compilation
-        if compilation.optimization_level == 0:
-            return None
-        freezing = compilation.optimization_level >= 2
-        max_tokens = self.config.scheduler.max_num_batched_tokens
-        return CompiledForward(self.model, max_tokens, freezing, compilation.compile_cache_dir)
-
     def _sampler(self) -> Sampler:
         """The sampler pipeline, with the configured batch-level logits processors as one stage; it
         runs on the driver (under tensor parallelism too), where rank 0's logits arrive."""
@@ -162,21 +121,6 @@ class LLMEngine:
         extra = [BatchLogitsProcessorsStage(processors)] if processors else []
         return Sampler(self.config.model.seed, default_stages(extra), self.config.model.logprobs_mode)
 
-    def _max_model_len(self) -> int:
-        limit = getattr(self.hf_config, "max_position_embeddings", None)
-        wanted = self.config.model.max_model_len or limit
-        if wanted is None:
-            raise ConfigError("max_model_len: the model config has no max_position_embeddings; set max_model_len")
-        if limit is not None and wanted > limit:
-            raise ConfigError(f"max_model_len: {wanted} exceeds the model's max_position_embeddings ({limit})")
-        scheduler = self.config.scheduler
-        if not scheduler.enable_chunked_prefill and scheduler.max_num_batched_tokens < wanted:
-            raise ConfigError(
-                f"max_num_batched_tokens: {scheduler.max_num_batched_tokens} is below max_model_len={wanted}, "
-                "so a long prompt could never be scheduled without chunked prefill"
-            )
-        return wanted
-
     def _eos_token_ids(self, source: Any) -> tuple[int, ...]:
         """EOS ids as HF ``generate`` sees them: generation_config.json, else config, else tokenizer."""
         eos = getattr(self.hf_config, "eos_token_id", None)
@@ -185,112 +129,6 @@ class LLMEngine:
         if eos is None:
             eos = self.tokenizer.eos_token_id
         return (eos,) if isinstance(eos, int) else tuple(eos or ())
-
-    def _quant_method(self) -> QuantizationMethod:
-        choice = self.config.quantization.quantization
-        checkpoint = getattr(self.hf_config, "quantization_config", None)
-        if choice == AUTO:
-            if not checkpoint:
-                return UnquantizedLinearMethod()
-            choice = checkpoint["quant_method"] if isinstance(checkpoint, dict) else checkpoint.quant_method
-        if choice == "none":
-            return UnquantizedLinearMethod()
-        if checkpoint is not None and not isinstance(checkpoint, dict):
-            checkpoint = checkpoint.to_dict()
-        return load_component("quantization_method", choice)(checkpoint)
-
-    def _build_model(self, source: Any) -> torch.nn.Module:
-        architectures = getattr(self.hf_config, "architectures", None) or []
-        if not architectures:
-            raise ConfigError(f"model: {source.path} has no 'architectures' in its config.json")
-        model_cls = load_component("model", architectures[0])
-        if distributed.world_size() > 1 and not getattr(model_cls, "supports_tensor_parallel", False):
-            raise ConfigError(
-                f"tensor_parallel_size: the model plugin for {architectures[0]} ({model_cls.__name__}) does not "
-                "support tensor parallelism"
-            )
-        with torch.device(self.platform.device()), default_dtype(self.dtype):
-            model = model_cls(self.hf_config, self.quant_method)
-        model.load_weights(source.weights())
-        for module in model.modules():
-            if isinstance(module, LinearBase):
-                module.quant_method.process_weights_after_loading(module)
-        # At every level: compiled graphs call the kernel on the packed weights as graph inputs.
-        kernel = self.platform.linear_kernel()
-        self.linear_kernel = "F.linear" if kernel is None else str(pack_linear_weights(model, kernel))
-        """Which GEMM the dense linear layers run, for the start-up line."""
-        self.layer_ops = self._use_layer_ops(model)
-        """Which norm/activation/rope kernels the layers run, for the start-up line."""
-        return model.eval()
-
-    def _use_layer_ops(self, model: torch.nn.Module) -> str:
-        """Give the model's norm, activation and rope layers the platform's fused ops at level 0;
-        compiled levels keep core's PyTorch ops, which inductor fuses (it cannot see into opaque
-        kernels). Returns what the start-up line says."""
-        if self.config.compilation.optimization_level > 0:
-            ops = TorchLayerOps(reason="inductor fuses them")
-        else:
-            ops = self.platform.layer_ops() or TorchLayerOps()
-        use_layer_ops(model, ops)
-        return ops.describe()
-
-    def _attention_shape(self) -> tuple[int, int, int]:
-        """``(num_heads, num_kv_heads, head_dim)`` from the model's ``attention_shape()``."""
-        _, num_heads, num_kv_heads, head_dim = self.model.attention_shape()
-        return num_heads, num_kv_heads, head_dim
-
-    def _attention_layers(self) -> tuple[LayerAttentionSpec, ...]:
-        """Each attention layer's facts, from the model's PagedAttention modules."""
-        name = type(self.model).__name__
-        try:
-            layers = attention_layers(self.model)
-        except ValueError as exc:
-            raise ConfigError(f"model: {exc}") from None
-        num_layers = self.model.attention_shape()[0]
-        if len(layers) != num_layers:
-            raise ConfigError(
-                f"model: {name}.attention_shape() gives {num_layers} layers, but the model has "
-                f"{len(layers)} kvserve.layers.PagedAttention modules"
-            )
-        return layers
-
-    def _num_kv_blocks(self, backend: AttentionBackend) -> int:
-        """Usable blocks + the null block, from the explicit count or the memory budget.
-
-        The budget (``kv_cache_memory``, else the platform's answer after a profiling forward)
-        pays for the backend's workspace and every block of every layer, the null block included.
-        """
-        spec = backend.spec
-        block_bytes = backend.kv_cache_bytes_per_block() * spec.num_layers
-        blocks_per_seq = math.ceil(self.max_model_len / spec.block_size)
-        cache = self.config.cache
-        if cache.num_kv_blocks is not None:
-            usable, source = cache.num_kv_blocks, "num_kv_blocks"
-        else:
-            budget = cache.kv_cache_memory
-            if budget is None:
-                peak = self._profile_peak_memory(backend)
-                budget = self.platform.kv_cache_memory_bytes(peak, cache.kv_cache_memory_fraction)
-            usable = (budget - backend.workspace_bytes()) // block_bytes - 1
-            # No point reserving more than max_num_seqs full-length sequences can use.
-            usable = min(usable, self.config.scheduler.max_num_seqs * blocks_per_seq)
-            source = "kv_cache_memory"
-        if usable < blocks_per_seq:
-            raise ConfigError(
-                f"{source}: {max(usable, 0)} KV blocks of {spec.block_size} tokens ({block_bytes} bytes each, "
-                f"{backend.workspace_bytes()} bytes of {type(backend).name} workspace aside) cannot hold one "
-                f"sequence of max_model_len={self.max_model_len} ({blocks_per_seq} blocks); "
-                f"raise {source} or lower max_model_len"
-            )
-        return usable + 1
-
-    def _profile_peak_memory(self, backend: AttentionBackend) -> int:
-        """Peak activation bytes of the largest step the scheduler can plan, as the platform measures it."""
-        scheduler = self.config.scheduler
-        return profile_peak_memory(
-            self.model, backend, self.platform, scheduler.max_num_batched_tokens, self.max_model_len,
-            scheduler.max_num_seqs,
-        )  # fmt: skip
 
     # -- requests -------------------------------------------------------------------------
     def add_request(
@@ -378,7 +216,7 @@ class LLMEngine:
                 self.stat_logger.record_step(0, 0, len(plan.preempted))
                 return []
             self._mark_scheduled(plan)
-            step = self.executor.execute(plan)
+            step = self.executor.execute(StepInput.from_plan(plan, self.kv_cache_manager, self.token_metadata))
             owners, rows = self._sampling_rows(plan, step)
             # Rows in order (no followers): a view, not a copy of [rows, vocab] logits per step.
             logits = step.logits[: len(rows)] if rows == list(range(len(rows))) else step.logits[rows]
@@ -400,10 +238,12 @@ class LLMEngine:
 
     def _sampling_rows(self, plan: SchedulerOutput, step: StepLogits) -> tuple[list[Request], list[int]]:
         """Who samples a token now, and from which logits row: the requests whose chunk completes
-        their sequence, then the followers of a leader that just finished its prompt (its row)."""
-        completing = [plan.scheduled[i].request for i in step.completing]
-        owners, rows = list(completing), list(range(len(completing)))
-        for row, request in enumerate(completing):
+        their sequence (its last position's row), then the followers of a leader that just
+        finished its prompt (its row)."""
+        chunks = step.sampled_chunks
+        completing = [plan.scheduled[i].request for i in chunks]
+        owners, rows = list(completing), [step.rows(i)[-1] for i in chunks]
+        for row, request in zip(list(rows), completing):
             for follower in self._followers_ready(request):
                 owners.append(follower)
                 rows.append(row)
@@ -434,7 +274,7 @@ class LLMEngine:
         tokens = dict(zip(map(id, owners), sampled.tokens))
         logprobs = dict(zip(map(id, owners), sampled.logprobs or [None] * len(owners)))
         # Followers fork before the update, which could free a leader that finishes right away.
-        for follower in owners[len(step.completing) :]:
+        for follower in owners[len(step.sampled_chunks) :]:
             if follower.request_id in self.sequences:
                 self._fork(follower, tokens[id(follower)])
         self.scheduler.update(plan, [tokens.get(id(item.request), -1) for item in plan.scheduled])

@@ -1,7 +1,7 @@
-"""Executors: what runs the model for the engine's step plans (in this process, or one worker
+"""Executors: what runs the model for the engine's step inputs (in this process, or one worker
 process per tensor-parallel rank)."""
 
-from kvserve.executor.base import Executor, WorkerInfo
+from kvserve.executor.base import Executor
 from kvserve.executor.in_process import InProcessExecutor
 
-__all__ = ["Executor", "InProcessExecutor", "WorkerInfo"]
+__all__ = ["Executor", "InProcessExecutor"]

@@ -1,34 +1,28 @@
 """The Executor interface: the engine's scheduler and KV manager stay in the driver; an executor
-runs each step's plan on the model (its shards) and hands back rank 0's logits."""
+runs each step's input on the model (its shards) and hands back rank 0's logits."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from kvserve.engine.model_runner import StepLogits
-    from kvserve.interfaces import SchedulerOutput
-
-
-@dataclass(frozen=True)
-class WorkerInfo:
-    """What the driver needs from the workers to size its KV manager."""
-
-    num_kv_blocks: int
-    """KV blocks (null block included) every rank's cache holds."""
-    block_size: int
-    attention_backend: str
+    from kvserve.runner.model_runner import RunnerInfo
+    from kvserve.runner.step_input import StepInput
+    from kvserve.runner.step_logits import StepLogits
 
 
 class Executor(ABC):
-    """Runs step plans on the model; one per engine."""
+    """Runs step inputs on the model; one per engine. Constructed, it holds a runner on every rank."""
+
+    info: RunnerInfo
+    """What the driver sizes its KV manager from: under tensor parallelism, rank 0's runner with
+    the smallest cache of any rank."""
 
     @abstractmethod
-    def execute(self, plan: SchedulerOutput) -> StepLogits:
-        """One forward over every scheduled token of ``plan``: rank 0's logits where the plan needs
-        them. Raises (naming the rank) when a worker failed or died; the engine then stops."""
+    def execute(self, step: StepInput) -> StepLogits:
+        """One forward over every token of ``step`` on every rank: rank 0's logits. Raises (naming
+        the rank) when a worker failed or died; the engine then stops."""
 
     @abstractmethod
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:

@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
-from kvserve.engine.model_runner import ModelRunner, StepLogits
 from kvserve.executor.base import Executor
-from kvserve.interfaces import SchedulerOutput
+from kvserve.runner.model_runner import ModelRunner
+from kvserve.runner.step_input import StepInput
+from kvserve.runner.step_logits import StepLogits
 
 
 class InProcessExecutor(Executor):
-    """Runs the plan on ``runner`` in the calling thread."""
+    """Runs each step on ``runner`` in the calling thread."""
 
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
+        self.info = runner.info
 
-    def execute(self, plan: SchedulerOutput) -> StepLogits:
-        return self.runner.execute(plan)
+    def execute(self, step: StepInput) -> StepLogits:
+        return self.runner.execute(step)
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         self.runner.copy_blocks(pairs)

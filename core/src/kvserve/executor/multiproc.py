@@ -2,14 +2,15 @@
 
 Every worker is a :class:`~kvserve.executor.worker.Worker` (the group over the platform's
 backend, its shard, one torch thread; rank ``r`` drives the machine's device ``r``). Each step
-the driver pickles the plan once (a :class:`StepInput`) to every rank; only rank 0 sends logits
-back. The driver watches every worker's pipe and process: a worker that fails or dies is a
+the driver pickles the step's :class:`~kvserve.runner.step_input.StepInput` once to every rank;
+only rank 0 sends logits back. The driver watches every worker's pipe and process: a worker that fails or dies is a
 :class:`WorkerError` naming its rank, and every worker is then stopped, so none outlives the
 engine.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import pickle
 import weakref
@@ -19,12 +20,11 @@ from typing import Any
 import torch.multiprocessing as mp
 
 from kvserve.config import EngineConfig
-from kvserve.engine.model_runner import StepLogits
 from kvserve.errors import WorkerError
-from kvserve.executor.base import Executor, WorkerInfo
-from kvserve.executor.step_input import StepInput
+from kvserve.executor.base import Executor
 from kvserve.executor.worker import START_TIMEOUT_S, Worker, free_port
-from kvserve.interfaces import KVCacheManager, SchedulerOutput
+from kvserve.runner.step_input import StepInput
+from kvserve.runner.step_logits import StepLogits
 
 logger = logging.getLogger("kvserve")
 
@@ -34,8 +34,6 @@ class MultiprocExecutor(Executor):
 
     def __init__(self, config: EngineConfig, distributed_backend: str) -> None:
         self.world_size = config.parallel.tensor_parallel_size
-        self.kv_cache_manager: KVCacheManager | None = None
-        """The driver's KV manager, whose block tables go out with each step (set by the engine)."""
         context = mp.get_context("spawn")
         init_method = f"tcp://127.0.0.1:{free_port()}"
         self.conns: list[Connection] = []
@@ -58,11 +56,11 @@ class MultiprocExecutor(Executor):
         except BaseException:
             self.shutdown()
             raise
-        self.info = WorkerInfo(min(i.num_kv_blocks for i in infos), infos[0].block_size, infos[0].attention_backend)
+        self.info = dataclasses.replace(infos[0], num_kv_blocks=min(i.num_kv_blocks for i in infos))
         logger.info("kvserve: %d tensor-parallel workers ready (pids %s)", self.world_size, [p.pid for p in self.procs])
 
-    def execute(self, plan: SchedulerOutput) -> StepLogits:
-        self._broadcast(("step", StepInput.from_plan(plan, self.kv_cache_manager)))
+    def execute(self, step: StepInput) -> StepLogits:
+        self._broadcast(("step", step))
         return self._receive(0, "logits", "failed in a step", None)
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
@@ -139,7 +137,7 @@ def _stop(procs: list[Any], conns: list[Connection]) -> None:
 def worker_main(
     rank: int, world_size: int, backend: str, init_method: str, config: EngineConfig, conn: Connection
 ) -> None:
-    """One rank (a :class:`Worker` with the rank's own device): start, then run step plans until
+    """One rank (a :class:`Worker` with the rank's own device): start, then run step inputs until
     told to stop (or the driver's end of the pipe closes)."""
     worker = Worker()
 

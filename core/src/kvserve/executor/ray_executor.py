@@ -6,14 +6,15 @@ else starts a local one (and shuts it down again with the engine). The placement
 bundle per rank, ``{"CPU": 1}`` plus one of the platform's :attr:`~kvserve.interfaces.Platform.ray_resource`
 (``"GPU"``), packed onto as few machines as fit them (``PACK``). Every actor is a
 :class:`~kvserve.executor.worker.Worker`, as a multiprocess worker is; the ranks rendezvous at a
-free port of rank 0's machine. Each step the plan (a :class:`StepInput`) goes into the object
-store once and every rank's ``execute`` reads it; only rank 0 returns logits. The driver waits on
+free port of rank 0's machine. Each step its :class:`~kvserve.runner.step_input.StepInput` goes
+into the object store once and every rank's ``execute`` reads it; only rank 0 returns logits. The driver waits on
 every rank, so an actor that raised, failed to start or died is a :class:`WorkerError` naming its
 rank; every actor is then killed and the placement group removed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -21,13 +22,13 @@ import weakref
 from typing import Any
 
 from kvserve.config import EngineConfig
-from kvserve.engine.model_runner import StepLogits
 from kvserve.errors import ConfigError, WorkerError
-from kvserve.executor.base import Executor, WorkerInfo
-from kvserve.executor.step_input import StepInput
+from kvserve.executor.base import Executor
 from kvserve.executor.worker import START_TIMEOUT_S, Worker, free_port
 from kvserve.extras import requires_extra
-from kvserve.interfaces import KVCacheManager, Platform, SchedulerOutput
+from kvserve.interfaces import Platform
+from kvserve.runner.step_input import StepInput
+from kvserve.runner.step_logits import StepLogits
 
 logger = logging.getLogger("kvserve")
 
@@ -58,8 +59,6 @@ class RayExecutor(Executor):
             from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
         self.ray = ray
         self.world_size = config.parallel.tensor_parallel_size
-        self.kv_cache_manager: KVCacheManager | None = None
-        """The driver's KV manager, whose block tables go out with each step (set by the engine)."""
         owns_ray = not ray.is_initialized()
         if owns_ray and os.environ.get("RAY_ADDRESS"):
             ray.init()  # connects to the cluster at RAY_ADDRESS
@@ -97,12 +96,12 @@ class RayExecutor(Executor):
         except BaseException:
             self.shutdown()
             raise
-        self.info = WorkerInfo(min(i.num_kv_blocks for i in infos), infos[0].block_size, infos[0].attention_backend)
+        self.info = dataclasses.replace(infos[0], num_kv_blocks=min(i.num_kv_blocks for i in infos))
         logger.info("kvserve: %d tensor-parallel Ray actors ready (pids %s)", self.world_size, self.pids)
 
-    def execute(self, plan: SchedulerOutput) -> StepLogits:
-        step = self.ray.put(StepInput.from_plan(plan, self.kv_cache_manager))
-        return self._gather([actor.execute.remote(step) for actor in self.actors], "failed in a step", None)[0]
+    def execute(self, step: StepInput) -> StepLogits:
+        ref = self.ray.put(step)
+        return self._gather([actor.execute.remote(ref) for actor in self.actors], "failed in a step", None)[0]
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         if pairs:

@@ -1,22 +1,22 @@
 """One tensor-parallel rank, as the multiprocess executor's worker processes and the Ray executor's
 actors both run it.
 
-A worker joins the torch.distributed group over the platform's backend, builds its shard of the
-model with its own in-process engine (plugins load there through entry points, as in any process
-importing kvserve) and runs one torch thread; then it runs each step's :class:`StepInput`. Only
+A worker joins the torch.distributed group over the platform's backend, builds its runner (its
+shard of the model, backend and KV cache: :func:`~kvserve.runner.build.build_runner`; plugins load
+there through entry points, as in any process importing kvserve) and runs one torch thread; then
+it runs each step's :class:`~kvserve.runner.step_input.StepInput` as the driver sent it. Only
 rank 0 hands logits back, in host memory, so the driver needs no device of its own.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import socket
 
 from kvserve.config import EngineConfig
-from kvserve.engine.model_runner import ModelRunner, StepLogits
-from kvserve.executor.base import WorkerInfo
-from kvserve.executor.step_input import StepInput
+from kvserve.runner.model_runner import ModelRunner, RunnerInfo
+from kvserve.runner.step_input import StepInput
+from kvserve.runner.step_logits import StepLogits
 
 START_TIMEOUT_S = 600.0
 """How long a worker may take to build its shard (load weights, profile) before the driver gives up."""
@@ -39,7 +39,7 @@ class Worker:
 
     def start(
         self, rank: int, world_size: int, local_rank: int, backend: str, init_method: str, config: EngineConfig
-    ) -> WorkerInfo:
+    ) -> RunnerInfo:
         """Join the group of ``world_size`` at ``init_method`` (``tcp://host:port``, on rank 0's
         machine) as ``rank`` over ``backend``, its device the one of index ``local_rank`` among
         those this process sees, then build the shard; returns what the driver sizes its KV
@@ -47,26 +47,27 @@ class Worker:
         import torch
 
         from kvserve import distributed
-        from kvserve.engine.llm_engine import LLMEngine
+        from kvserve.components import resolve_platform
+        from kvserve.loader import open_model
+        from kvserve.logging_setup import configure_logging
+        from kvserve.runner.build import build_runner
+        from kvserve.runner.model_settings import ModelSettings
 
+        configure_logging()
         torch.set_num_threads(1)
         self.rank = rank
         distributed.init(rank, world_size, backend, init_method, local_rank)
-        engine = LLMEngine(config)
-        self.runner = engine.runner
-        return WorkerInfo(engine.num_kv_blocks, self.runner.block_size, self.runner.backend.name)
+        platform = resolve_platform(config)
+        source = open_model(config.model.model, config.model.tokenizer)
+        settings = ModelSettings.resolve(config, platform, source.hf_config)
+        platform.seed_everything(config.model.seed)
+        self.runner = build_runner(config, platform, source, settings)
+        return self.runner.info
 
     def execute(self, step: StepInput) -> StepLogits | None:
-        """Run one step's plan on the shard: rank 0's logits (on the CPU), None on other ranks."""
-        plan, self.runner.kv_cache_manager = step.plan()
-        logits = self.runner.execute(plan)
-        if self.rank != 0:
-            return None
-        return dataclasses.replace(
-            logits,
-            logits=logits.logits.to("cpu"),
-            prompt_logits={i: t.to("cpu") for i, t in logits.prompt_logits.items()},
-        )
+        """Run one step on the shard: rank 0's logits (on the CPU), None on other ranks."""
+        logits = self.runner.execute(step)
+        return logits.to("cpu") if self.rank == 0 else None
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """Copy whole KV blocks ``src -> dst`` in every layer of this rank's cache."""

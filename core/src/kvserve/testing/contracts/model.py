@@ -9,10 +9,10 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
-from kvserve.engine.llm_engine import default_dtype  # build as LLMEngine builds
 from kvserve.errors import WeightLoadError
 from kvserve.interfaces import Model
 from kvserve.layers import LinearBase, UnquantizedLinearMethod
+from kvserve.runner.build import default_dtype  # build as the runner builds
 from kvserve.testing.contracts._base import ComponentContract, violation
 from kvserve.testing.hf_models import build_tiny_model
 from kvserve.testing.paged_model import PagedSequences

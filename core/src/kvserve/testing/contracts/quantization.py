@@ -7,10 +7,10 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
-from kvserve.engine.llm_engine import default_dtype  # build as LLMEngine builds
 from kvserve.interfaces import Platform, QuantizationMethod
 from kvserve.layers import ColumnLinear, MergedColumnLinear, load_checkpoint
 from kvserve.plugins import get_plugin_manager, load_component
+from kvserve.runner.build import default_dtype  # build as the runner builds
 from kvserve.testing.contracts._base import ComponentContract
 
 

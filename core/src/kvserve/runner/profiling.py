@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from kvserve.forward_context import ForwardContext
+from kvserve.forward_context import ForwardContext, current_forward_context
 from kvserve.interfaces import AttentionBackend, AttentionBatch, Platform
 
 
@@ -75,7 +75,8 @@ def profile_peak_memory(
     @torch.inference_mode()
     def forward() -> None:
         ctx = ForwardContext(backend, batch, backend.build_metadata(batch), kv_caches)
-        hidden = model(input_ids, positions, ctx)
+        with current_forward_context(ctx):
+            hidden = model(input_ids, positions, ctx)
         model.compute_logits(hidden[last_tokens])
         platform.synchronize()
 

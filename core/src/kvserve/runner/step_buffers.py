@@ -38,8 +38,9 @@ class StepBuffer:
 
 
 class StepBuffers:
-    """Input ids, positions, slot mapping (per token); query starts, sequence and context lengths
-    (per sequence); block tables (per sequence x block, contiguous for the step's width)."""
+    """Input ids, positions, slot mapping, per-token metadata (per token); query starts, sequence
+    and context lengths (per sequence); block tables (per sequence x block, contiguous for the
+    step's width)."""
 
     def __init__(self, max_tokens: int, max_seqs: int, max_blocks_per_seq: int, device: torch.device) -> None:
         self.input_ids = StepBuffer(max_tokens, torch.long, device)
@@ -49,6 +50,9 @@ class StepBuffers:
         self.seq_lens = StepBuffer(max_seqs, torch.int32, device)
         self.context_lens = StepBuffer(max_seqs, torch.int32, device)
         self.block_tables = StepBuffer(max_seqs * max_blocks_per_seq, torch.int32, device)
+        self.token_metadata: dict[str, StepBuffer] = {}
+        """Metadata name -> its per-token buffer, made at the first step that carries the name."""
+        self.device = device
 
     def ensure(self, num_tokens: int, num_seqs: int, table_width: int) -> None:
         for buffer in (self.input_ids, self.positions, self.slot_mapping):
@@ -56,6 +60,16 @@ class StepBuffers:
         for buffer in (self.query_start_loc, self.seq_lens, self.context_lens):
             buffer.ensure(num_seqs + 1)
         self.block_tables.ensure(num_seqs * table_width)
+
+    def metadata(self, name: str, num_tokens: int) -> StepBuffer:
+        """The per-token buffer of metadata ``name``, with room for ``num_tokens``."""
+        buffer = self.token_metadata.get(name)
+        if buffer is None:
+            buffer = self.token_metadata[name] = StepBuffer(
+                max(num_tokens, self.input_ids.host.shape[0]), torch.long, self.device
+            )
+        buffer.ensure(num_tokens)
+        return buffer
 
     def block_table_rows(self, num_seqs: int, width: int) -> np.ndarray:
         """The host block tables of this step, ``[num_seqs, width]``, zeroed (block 0 is the null block)."""
