@@ -132,6 +132,8 @@ class BatchingScheduler(Scheduler):
         passed = 0  # requests at the head of the queue passed over in this step
         while passed < len(self.waiting) and budget > 0:
             request = self.waiting[passed]
+            if request in output.preempted:
+                return  # first in line, but a victim of this step: it and those behind it wait
             if not request.is_ready() or not all(rule.admits(request) for rule in self.admission_rules):
                 passed += 1
                 continue

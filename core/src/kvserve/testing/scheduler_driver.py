@@ -29,11 +29,13 @@ def greedy_token(tokens: Sequence[int], vocab: int) -> int:
     return zlib.crc32(array("q", tokens).tobytes()) % vocab
 
 
-def draft_proposer(vocab: int, seed: int, num_drafts: int = 3) -> Callable[[Request], list[int]]:
+def draft_proposer(
+    vocab: int, seed: int, num_drafts: int = 3, *, always_right: bool = False
+) -> Callable[[Request], list[int]]:
     """A fake proposer of ``num_drafts`` draft tokens: the request's true (greedy) continuation,
-    right for its first ``0 .. num_drafts`` tokens (drawn at random) and wrong after, so that
-    verification accepts each possible number of them. True continuations hold stop tokens and
-    EOS too, so stops and ``max_tokens`` fall inside drafts."""
+    right for its first ``0 .. num_drafts`` tokens (drawn at random; all of them if
+    ``always_right``) and wrong after, so that verification accepts each possible number of them.
+    True continuations hold stop tokens and EOS too, so stops and ``max_tokens`` fall inside drafts."""
     rng = random.Random(seed)
 
     def propose(request: Request) -> list[int]:
@@ -41,7 +43,7 @@ def draft_proposer(vocab: int, seed: int, num_drafts: int = 3) -> Callable[[Requ
         for _ in range(num_drafts):
             tokens.append(greedy_token(tokens, vocab))
         drafts = tokens[request.num_tokens :]
-        right = rng.randint(0, num_drafts)
+        right = num_drafts if always_right else rng.randint(0, num_drafts)
         for i in range(right, num_drafts):
             drafts[i] = (drafts[i] + rng.randrange(1, vocab)) % vocab  # any token but the true one
         return drafts
@@ -142,6 +144,8 @@ class RunResult:
     preemptions: list[str] = field(default_factory=list)
     victims_checked: int = 0
     steps: int = 0
+    drafts_verified: int = 0
+    drafts_accepted: int = 0
 
 
 class SchedulerDriver:
@@ -264,6 +268,8 @@ class SchedulerDriver:
             slots = self._slots(item.request, item.start, item.start + item.num_tokens)
             self.kv_content.update(zip(slots, item.token_ids()))
         accepted = [self._verify(item) if done else [] for item, done in zip(plan.scheduled, completes)]
+        self.result.drafts_verified += sum(item.num_lookahead for item in plan.scheduled)
+        self.result.drafts_accepted += sum(max(len(tokens) - 1, 0) for tokens in accepted)
         before = {item.request.request_id: len(item.request.output_token_ids) for item in plan.scheduled}
         finished = self.scheduler.update(plan, accepted)
         self._check_update(plan, accepted, completes, before, finished)
