@@ -205,6 +205,8 @@ class SchedulerDriver:
         self.running: list[Request] = []
         """Admitted requests in admission order (the driver's own bookkeeping, not the scheduler's)."""
         self.computed: dict[str, int] = {}
+        self.ready_at: dict[str, int] = {}
+        """Request id -> the step from which the request is ready (only for requests held back at first)."""
         self.kv_content: dict[int, int] = {}
         """Cache slot -> the token whose KV the fake model wrote there (what attention would read)."""
         self.result = RunResult()
@@ -225,7 +227,7 @@ class SchedulerDriver:
             priority=arrival.priority,
         )
         if arrival.ready_at is not None:
-            ready_at = arrival.ready_at
+            ready_at = self.ready_at[request.request_id] = arrival.ready_at
             request.ready_when = lambda: self.step_index >= ready_at
         self.scheduler.add_request(request)
         self.live[request.request_id] = request
@@ -386,7 +388,7 @@ class SchedulerDriver:
                     f"is outside its {request.num_tokens} tokens"
                 )
             self._check_drafts(item, drafts_before.get(rid, []))
-            if not request.is_ready():
+            if self.step_index < self.ready_at.get(rid, 0):
                 self._fail(f"{rid} was scheduled before it was ready (Request.ready_when)")
             if request in self.running:
                 if item.start != self.computed[rid]:
@@ -460,7 +462,8 @@ class SchedulerDriver:
                 )
         last = max(admitted, key=key)
         for request in waiting_before:
-            if request not in admitted and request.ready_when is None and key(request) < key(last):
+            ready = self.step_index >= self.ready_at.get(request.request_id, 0)
+            if request not in admitted and ready and key(request) < key(last):
                 self._fail(
                     f"admitted {last.request_id} (policy key {key(last)!r}) while {request.request_id} "
                     f"(policy key {key(request)!r}) kept waiting: admission order violates the policy"
