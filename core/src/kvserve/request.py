@@ -59,7 +59,7 @@ class Request:
     rest; preemption drops them too. They are never part of :meth:`token_ids` until accepted."""
     ready_when: Callable[[], bool] | None = None
     """None: ready to run. Otherwise the scheduler admits the request only once this returns True
-    (e.g. its grammar has finished compiling), then clears it; asked once per step while it waits."""
+    (e.g. its grammar has finished compiling), then clears it; asked each step it could be admitted."""
 
     @property
     def num_tokens(self) -> int:
