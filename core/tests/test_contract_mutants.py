@@ -1,8 +1,8 @@
 """Mutation check of the contract suites: deliberately broken plugins (``mutants/``) must fail
 their contract, with a message that names the broken behaviour.
 
-Each mutant is a copy of a real plugin (the CPU attention backend, the FIFO scheduler) with
-one plausible bug. One pytest session runs the contracts against every mutant and against
+Each mutant is a copy of a real plugin (the CPU attention backend, the FIFO scheduler, core's
+paged KV cache manager) with one plausible bug. One pytest session runs the contracts against every mutant and against
 the unbroken plugins, exactly as a plugin's ``tests/test_contract.py`` would, with
 ``load_component`` pointed at the class under test. The session runs in a subprocess: an
 in-process one would unload the torch modules it imported first, and torch crashes when
@@ -30,13 +30,22 @@ SUBJECTS = {
     "TestRealCpuBackend": ("AttentionBackendContract", "kvserve_attention_cpu.backend", "CpuAttentionBackend"),
     "TestOverBudget": ("SchedulerContract", "mutant_scheduler", "OverBudget"),
     "TestLeaksOnAbort": ("SchedulerContract", "mutant_scheduler", "LeaksOnAbort"),
+    "TestAppendsPastStop": ("SchedulerContract", "mutant_scheduler", "AppendsPastStop"),
+    "TestAdmitsBeforeReady": ("SchedulerContract", "mutant_scheduler", "AdmitsBeforeReady"),
     "TestRealFifo": ("SchedulerContract", "kvserve_scheduler_fifo.scheduler", "FifoScheduler"),
+    "TestTruncateKeepsBlocks": ("KVCacheManagerContract", "mutant_kv_cache", "TruncateKeepsBlocks"),
+    "TestOffersUncomputedToken": ("KVCacheManagerContract", "mutant_kv_cache", "OffersUncomputedToken"),
+    "TestRealPaged": ("KVCacheManagerContract", "kvserve.kv_cache.paged", "PagedKVCacheManager"),
 }
-NAME_ATTRIBUTE = {"AttentionBackendContract": "backend", "SchedulerContract": "scheduler"}
+NAME_ATTRIBUTE = {
+    "AttentionBackendContract": "backend",
+    "SchedulerContract": "scheduler",
+    "KVCacheManagerContract": "kv_cache_manager",
+}
 
 
 def _test_module() -> str:
-    lines = ["from kvserve.testing import AttentionBackendContract, SchedulerContract"]
+    lines = ["from kvserve.testing import AttentionBackendContract, KVCacheManagerContract, SchedulerContract"]
     for test_class, (contract, module, subject) in SUBJECTS.items():
         lines.append(
             textwrap.dedent(f"""
@@ -57,13 +66,15 @@ def _test_module() -> str:
 def outcomes(tmp_path_factory) -> dict[str, dict[str, str | None]]:
     """Test class -> test id -> failure message (None when it passed or was skipped)."""
     root = tmp_path_factory.mktemp("mutants")
-    for module in ("attention", "scheduler"):
+    for module in ("attention", "scheduler", "kv_cache"):
         (root / f"mutant_{module}.py").write_text((MUTANTS / f"{module}.py").read_text())
     (root / "test_mutants.py").write_text(_test_module())
     (root / "pytest.ini").write_text("[pytest]\n")
     # The float32, head size 64 part of the attention suite is enough to name each bug.
     args = ["test_mutants.py", "-q", "-k", "not bfloat16 and not float16 and not d128"]
-    run = run_pytest(args, cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, capture=True)
+    # Kept after the mutants: a checkout run from sources (no editable install) still tests itself.
+    python_path = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
+    run = run_pytest(args, cwd=root, env={**os.environ, "PYTHONPATH": python_path}, capture=True)
     outcomes = {test_class: run.of_class(test_class) for test_class in SUBJECTS}
     assert all(outcomes.values()), run.output
     return outcomes
@@ -74,8 +85,8 @@ def failures(outcomes, test_class: str, prefix: str = "") -> dict[str, str]:
 
 
 def test_the_unbroken_plugins_pass(outcomes):
-    """The harness is sound: the real CPU backend and FIFO scheduler pass the same runs."""
-    for test_class in ("TestRealCpuBackend", "TestRealFifo"):
+    """The harness is sound: the real CPU backend, FIFO scheduler and paged manager pass the same runs."""
+    for test_class in ("TestRealCpuBackend", "TestRealFifo", "TestRealPaged"):
         assert len(outcomes[test_class]) > 15, f"{test_class} ran only {len(outcomes[test_class])} checks"
         assert not failures(outcomes, test_class), failures(outcomes, test_class)
 
@@ -130,3 +141,28 @@ def test_scheduler_mutant_leaking_blocks_is_caught(outcomes):
     failed = failures(outcomes, "TestLeaksOnAbort")
     message = failed.get("test_abort_frees_blocks_and_forgets_the_request", "")
     assert "after aborting a" in message and "blocks leaked" in message, failed
+
+
+def test_scheduler_mutant_appending_past_a_stop_is_caught(outcomes):
+    failed = failures(outcomes, "TestAppendsPastStop")
+    assert failed and all(t.startswith("test_drafts_change_no_output") for t in failed), list(failed)
+    assert all("up to the first stop" in m for m in failed.values()), failed
+
+
+def test_scheduler_mutant_admitting_before_ready_is_caught(outcomes):
+    failed = failures(outcomes, "TestAdmitsBeforeReady")
+    message = failed.get("test_request_held_until_ready_does_not_block_others", "")
+    assert "held was scheduled before it was ready" in message, failed
+
+
+def test_kv_mutant_keeping_rejected_draft_slots_is_caught(outcomes):
+    failed = failures(outcomes, "TestTruncateKeepsBlocks")
+    message = failed.get("test_truncate_gives_back_the_slots_of_rejected_drafts", "")
+    assert "truncating to 8 tokens turned table" in message, failed
+    assert any(t.startswith("test_random_lookahead_keeps_exact_accounting") for t in failed), list(failed)
+
+
+def test_kv_mutant_offering_an_uncomputed_token_is_caught(outcomes):
+    failed = failures(outcomes, "TestOffersUncomputedToken")
+    assert list(failed) == ["test_drafts_are_offered_only_once_accepted_and_computed"], list(failed)
+    assert "a block whose last token has no KV must not be offered" in next(iter(failed.values())), failed

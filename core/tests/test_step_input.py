@@ -79,3 +79,17 @@ def test_step_logits_give_each_chunk_its_rows():
     logits = StepLogits(torch.arange(8.0).view(4, 2), np.array([0, 2, 2, 4]))
     assert [list(logits.rows(i)) for i in range(3)] == [[0, 1], [], [2, 3]]
     assert logits.sampled_chunks == [0, 2]
+
+
+def test_decode_chunks_with_drafts_carry_them_and_sample_one_row_per_draft_plus_one():
+    manager = PagedKVCacheManager(32, BLOCK)
+    scheduler = FifoScheduler(SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=4), manager, 64)
+    a, b = Request("a", [1, 2, 3], SamplingParams(max_tokens=20)), Request("b", [4, 5], SamplingParams(max_tokens=20))
+    for request in (a, b):
+        scheduler.add_request(request)
+    scheduler.update(scheduler.schedule(), [[10], [20]])  # both prefilled, one token each
+    a.draft_token_ids = [11, 12, 13]  # b decodes plainly
+    step = StepInput.from_plan(scheduler.schedule(), manager)
+    assert step.token_ids.tolist() == [10, 11, 12, 13, 20]
+    assert step.context_lens.tolist() == [3, 2] and step.query_start_loc.tolist() == [0, 4, 5]
+    assert step.sample_indices.tolist() == [0, 1, 2, 3, 4] and step.sample_start_loc.tolist() == [0, 4, 5]

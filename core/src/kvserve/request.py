@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -57,6 +58,14 @@ class Request:
     """``sampling_params.bad_words`` as token sequences (tokenized and checked when the request is added)."""
     logits_constraint: LogitsConstraint | None = None
     """What the request may emit next (a grammar), advanced with every accepted token; None: anything."""
+    draft_token_ids: list[int] = field(default_factory=list)
+    """Guesses of the tokens after the last one (speculative decoding), set by a proposer between
+    steps. The next ``schedule()`` that computes this request's last token consumes them: it
+    verifies as many as fit in that step (see ``ScheduledRequest.draft_token_ids``) and drops the
+    rest; preemption drops them too. They are never part of :meth:`token_ids` until accepted."""
+    ready_when: Callable[[], bool] | None = None
+    """None: ready to run. Otherwise the scheduler admits the request only once this returns True
+    (e.g. its grammar has finished compiling), then clears it; asked each step it could be admitted."""
 
     @property
     def num_tokens(self) -> int:
@@ -65,6 +74,12 @@ class Request:
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
+
+    def is_ready(self) -> bool:
+        """Whether the request may be admitted now (see :attr:`ready_when`); True once, True for good."""
+        if self.ready_when is not None and self.ready_when():
+            self.ready_when = None
+        return self.ready_when is None
 
     def token_ids(self, start: int, end: int) -> list[int]:
         """Tokens ``start:end`` of prompt + output."""

@@ -37,3 +37,40 @@ class LeaksOnAbort(FifoScheduler):
                     request.status = RequestStatus.FINISHED_ABORTED
                     return request
         return None
+
+
+class AppendsPastStop(FifoScheduler):
+    """Appends every accepted token of a step, those after a stop (EOS, ``max_tokens``) included."""
+
+    name = "fifo_appends_past_stop"
+
+    def update(self, output, accepted):
+        finished = []
+        for item, tokens in zip(output.scheduled, accepted):
+            request = item.request
+            if request.status is not RequestStatus.RUNNING:
+                continue
+            if not item.completes_sequence:
+                request.num_computed_tokens += item.num_tokens
+                continue
+            for token in tokens:
+                request.append_token(token, self.max_model_len)  # no break at a stop
+            request.num_computed_tokens = request.num_tokens - 1
+            if item.num_lookahead:
+                self.kv_cache.truncate(request, request.num_computed_tokens)
+            if request.status.finished:
+                self.running.remove(request)
+                self._finish(request, request.status)
+                finished.append(request)
+        return finished
+
+
+class AdmitsBeforeReady(FifoScheduler):
+    """Ignores ``Request.ready_when``: admits a request whose grammar is still compiling."""
+
+    name = "fifo_admits_before_ready"
+
+    def schedule(self):
+        for request in self.waiting:
+            request.ready_when = None
+        return super().schedule()

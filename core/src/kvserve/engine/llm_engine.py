@@ -277,7 +277,9 @@ class LLMEngine:
         for follower in owners[len(step.sampled_chunks) :]:
             if follower.request_id in self.sequences:
                 self._fork(follower, tokens[id(follower)])
-        self.scheduler.update(plan, [tokens.get(id(item.request), -1) for item in plan.scheduled])
+        self.scheduler.update(
+            plan, [[tokens[id(item.request)]] if id(item.request) in tokens else [] for item in plan.scheduled]
+        )
         for request in owners:
             entry = self.sequences.get(request.request_id)
             if entry is None:

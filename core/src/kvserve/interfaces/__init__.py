@@ -9,9 +9,10 @@ from kvserve.interfaces.logits_processor import BatchUpdate, LogitsProcessor, Mo
 from kvserve.interfaces.model import Model
 from kvserve.interfaces.platform import DeviceCapability, Platform
 from kvserve.interfaces.quantization import ParamLoading, QuantizationMethod
-from kvserve.interfaces.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
+from kvserve.interfaces.scheduler import AdmissionRule, ScheduledRequest, Scheduler, SchedulerOutput
 
 __all__ = [
+    "AdmissionRule",
     "AttentionBackend",
     "AttentionBatch",
     "AttentionSpec",

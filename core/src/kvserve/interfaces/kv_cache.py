@@ -50,6 +50,12 @@ class KVCacheManager(ABC):
     before its first admission, and the manager stops offering a block whose request is
     freed before computing it (``request.num_computed_tokens`` tells which tokens are done).
 
+    Lookahead (speculative decoding): slots may be allocated past ``request.num_tokens`` for
+    draft tokens. Those are guesses, not the request's tokens, so a block holding any of them
+    is never offered, however full: only once the drafts are accepted (appended to the request,
+    and counted in ``num_computed_tokens`` by the scheduler's update) does :meth:`truncate`
+    offer the blocks they fill, and it gives back the slots of the rejected ones.
+
     Sliding windows: a block whose tokens all lie ``sliding_window`` or more positions behind
     a request's next token is never read again by a sliding layer (attention backends never
     read keys outside a layer's window, whatever the table holds there). Whether to free it
@@ -89,7 +95,25 @@ class KVCacheManager(ABC):
         has set ``request.num_computed_tokens`` to it: those leading tokens reuse the cached
         blocks (one more holder each) and count as prefix cache hits. Returns False, holding
         nothing new, when the free blocks do not suffice.
+
+        ``request.num_computed_tokens + num_new_tokens`` may exceed ``request.num_tokens``: the
+        tokens past it are lookahead (draft) tokens, which get slots but are never offered to
+        other requests (see the class docstring and :meth:`truncate`).
         """
+
+    def truncate(self, request: Request, num_tokens: int) -> None:
+        """Keep slots for ``request``'s first ``num_tokens`` tokens only, after a step with lookahead.
+
+        Called by the scheduler's update once it has appended the accepted tokens and set
+        ``request.num_computed_tokens`` (``<= num_tokens``, else ValueError: computed KV, which
+        other requests may share, is never dropped). The blocks past the first
+        ``ceil(num_tokens / block_size)`` are released (one holder less each: the slots of
+        rejected drafts), and the full blocks of computed, now known tokens (the accepted
+        drafts) become offered exactly as if they had been computed one token per step.
+        Managers that do not support lookahead keep this default, which raises
+        NotImplementedError.
+        """
+        raise NotImplementedError(f"KV cache manager {self.name!r} cannot truncate requests (lookahead)")
 
     @abstractmethod
     def free(self, request: Request) -> None:

@@ -23,7 +23,8 @@ class _Chain:
 class PagedKVCacheManager(KVCacheManager):
     """Blocks are freed tail first, so the pool reuses (evicts) the end of a cached chain
     before its shared head; a block is registered in the prefix cache when the step that
-    fills it is scheduled. ``hash_fn`` is injectable so tests can force collisions."""
+    fills it is scheduled, or, filled by accepted drafts, when they are accepted
+    (:meth:`truncate`). ``hash_fn`` is injectable so tests can force collisions."""
 
     name = "paged"
 
@@ -72,8 +73,26 @@ class PagedKVCacheManager(KVCacheManager):
             if self._looks_up(request):
                 self._queries += request.num_tokens
                 self._hits += num_cached_tokens
-        self._register_full_blocks(request, request.num_computed_tokens + num_new_tokens)
+        # Lookahead tokens past the request's known ones are not registered: they are guesses.
+        self._register_full_blocks(request, min(request.num_computed_tokens + num_new_tokens, request.num_tokens))
         return True
+
+    def truncate(self, request: Request, num_tokens: int) -> None:
+        request_id = request.request_id
+        table = self.tables.get(request_id)
+        if table is None:
+            raise ValueError(f"truncate: request {request_id!r} holds no blocks")
+        if not request.num_computed_tokens <= num_tokens <= len(table) * self.block_size:
+            raise ValueError(
+                f"truncate: request {request_id!r} to {num_tokens} tokens, but it has "
+                f"{request.num_computed_tokens} computed tokens (never dropped) and slots for "
+                f"{len(table) * self.block_size}"
+            )
+        keep = -(-num_tokens // self.block_size)
+        # The released blocks hold only drafts' KV past the computed tokens: never registered.
+        self.pool.release(table[keep:][::-1])
+        self.tables[request_id] = table[:keep]
+        self._register_full_blocks(request, min(request.num_computed_tokens, request.num_tokens))
 
     def free(self, request: Request) -> None:
         if request.request_id not in self.tables:
@@ -156,11 +175,12 @@ class PagedKVCacheManager(KVCacheManager):
         return self.prefix_cache.match(self._full_blocks(request, request.num_tokens - 1), self._extra_keys(request))
 
     def _register_full_blocks(self, request: Request, num_tokens: int) -> None:
-        """Register the request's blocks that its first ``num_tokens`` tokens fill.
+        """Register the request's blocks that its first ``num_tokens`` tokens (all known) fill.
 
         Called as soon as they are scheduled: a request admitted later in the same step may
         reuse them, since the runner writes every scheduled token's KV into a layer before
-        that layer's attention reads it.
+        that layer's attention reads it. Accepted drafts are known only after their step:
+        :meth:`truncate` registers their blocks then.
         """
         chain = self._chains[request.request_id]
         if not self.enable_prefix_caching or chain.closed:

@@ -83,8 +83,8 @@ class StepInput:
         token_metadata: Mapping[str, TokenMetadataSource] | None = None,
     ) -> StepInput:
         """The step of ``plan``: block tables from ``kv_cache_manager`` (after scheduling, so they
-        cover the chunks), one sample position at the last token of every chunk that completes its
-        sequence, and per name of ``token_metadata`` each token's value from its request."""
+        cover the chunks), sample positions at the last ``1 + num_lookahead`` tokens of every chunk
+        that completes its sequence, and per name of ``token_metadata`` each token's value from its request."""
         scheduled = plan.scheduled
         num_chunks = len(scheduled)
         counts = np.fromiter((item.num_tokens for item in scheduled), np.int64, num_chunks)
@@ -94,16 +94,20 @@ class StepInput:
         spans: dict[int, tuple[int, int]] = {}
         for i, item in enumerate(scheduled):
             request = item.request
-            token_ids += request.token_ids(item.start, item.start + item.num_tokens)
+            token_ids += item.token_ids()  # known tokens, then any drafts to verify
             if request.sampling_params.prompt_logprobs is not None:
                 # Rows predicting prompt tokens start+1 .. end of prompt, within this chunk.
                 stop = min(item.start + item.num_tokens, request.num_prompt_tokens - 1)
                 if stop > item.start:
                     first = int(query_start_loc[i])
                     spans[i] = (first, first + stop - item.start)
-        completes = np.fromiter((item.completes_sequence for item in scheduled), bool, num_chunks)
+        # A chunk that completes its sequence samples its last 1 + num_lookahead positions (row j
+        # verifies draft j, the last one gives the next token); other chunks sample none.
+        samples = np.fromiter((item.num_sample_positions for item in scheduled), np.int64, num_chunks)
         sample_start_loc = np.zeros(num_chunks + 1, np.int64)
-        np.cumsum(completes, out=sample_start_loc[1:])
+        np.cumsum(samples, out=sample_start_loc[1:])
+        first_sample = np.repeat(query_start_loc[1:] - samples, samples)
+        offsets = np.arange(int(sample_start_loc[-1])) - np.repeat(sample_start_loc[:-1], samples)
         metadata = {
             name: np.repeat(np.fromiter((source(item.request) for item in scheduled), np.int64, num_chunks), counts)
             for name, source in (token_metadata or {}).items()
@@ -113,7 +117,7 @@ class StepInput:
             query_start_loc=query_start_loc,
             context_lens=np.fromiter((item.start for item in scheduled), np.int64, num_chunks),
             block_tables=tuple(tuple(kv_cache_manager.block_table(item.request.request_id)) for item in scheduled),
-            sample_indices=query_start_loc[1:][completes] - 1,
+            sample_indices=first_sample + offsets,
             sample_start_loc=sample_start_loc,
             prompt_logit_spans=spans,
             token_metadata=metadata,

@@ -1,6 +1,7 @@
 """Continuous batching: token budget, max sequences, chunked prefill (with an optional per-request
 cap on a step's prefill chunk, and an optional time-aware limit on a step's prefill tokens while
-requests decode), recompute preemption.
+requests decode), recompute preemption, lookahead (draft tokens verified in a step), requests held
+back until ready, and admission rules.
 
 A scheduler plugin subclasses :class:`BatchingScheduler` and supplies only the policy:
 the order of the waiting queue, which running request to preempt, and whether a waiting
@@ -31,7 +32,10 @@ class BatchingScheduler(Scheduler):
     further limit while requests decode, unless a burst of prompts that one step takes whole
     outnumbers them (see :class:`PrefillTimeBudget`). The first
     waiting request of a step, short of blocks or of a slot, preempts running victims as long
-    as :meth:`may_preempt_for` allows; otherwise admission stops for this step."""
+    as :meth:`may_preempt_for` allows; otherwise admission stops for this step. Waiting requests
+    not ready yet, or refused by an admission rule, are passed over (they keep their place).
+    A decoding request's drafts ride along while the budget has room and the blocks suffice:
+    they are dropped before anyone is preempted for them."""
 
     @abstractmethod
     def admission_key(self, request: Request) -> Any:
@@ -100,14 +104,19 @@ class BatchingScheduler(Scheduler):
             if request.status is not RequestStatus.RUNNING or limit == 0:
                 continue  # preempted earlier in this loop, or no budget left
             num_new = self._chunk(request.num_tokens - request.num_computed_tokens, limit)
-            while not self.kv_cache.allocate_slots(request, num_new):
+            drafts = self._take_drafts(request, num_new, limit)
+            while not self.kv_cache.allocate_slots(request, num_new + len(drafts)):
+                if drafts:
+                    drafts = []  # not worth preempting anyone for
+                    continue
                 victim = self.preemption_victim(self.running)
                 budget += self._preempt(victim, output, scheduled)
                 if victim is request:
                     break
             else:
-                scheduled[request.request_id] = ScheduledRequest(request, request.num_computed_tokens, num_new)
-                budget -= num_new
+                item = ScheduledRequest(request, request.num_computed_tokens, num_new + len(drafts), drafts)
+                scheduled[request.request_id] = item
+                budget -= item.num_tokens
                 prefill_budget -= 0 if decoding else num_new
 
         if not output.preempted:  # else blocks ran short: let the running requests progress first
@@ -116,10 +125,18 @@ class BatchingScheduler(Scheduler):
         return output
 
     def _admit_waiting(self, output: SchedulerOutput, scheduled: dict[str, ScheduledRequest], budget: int) -> None:
-        """Admit waiting requests in queue order while they fit."""
+        """Admit waiting requests in queue order while they fit, passing over those held back."""
+        for rule in self.admission_rules:
+            rule.start_step(self.running)
         first = True
-        while self.waiting and budget > 0:
-            request = self.waiting[0]
+        passed = 0  # requests at the head of the queue passed over in this step
+        while passed < len(self.waiting) and budget > 0:
+            request = self.waiting[passed]
+            if request in output.preempted:
+                return  # first in line, but a victim of this step: it and those behind it wait
+            if not request.is_ready() or not all(rule.admits(request) for rule in self.admission_rules):
+                passed += 1
+                continue
             item = self._fit(request, budget)
             # Preempting only before the step's first admission: that one may reuse blocks a later
             # victim was to compute in this step (see KVCacheManager).
@@ -132,8 +149,11 @@ class BatchingScheduler(Scheduler):
             self.waiting.remove(request)  # not pop(0): a victim may have been queued before it
             self.running.append(request)
             request.status = RequestStatus.RUNNING
+            request.draft_token_ids = []  # only a running request's drafts are verified
             scheduled[request.request_id] = item
             budget -= item.num_tokens
+            for rule in self.admission_rules:
+                rule.admitted(request)
 
     def _fit(self, request: Request, budget: int) -> ScheduledRequest | None:
         """Allocate a waiting request's first chunk within ``budget``, reusing its cached prefix, or None."""
@@ -170,6 +190,23 @@ class BatchingScheduler(Scheduler):
         cap = self.config.long_prefill_token_threshold
         return min(remaining, budget, cap) if cap else min(remaining, budget)
 
+    def _take_drafts(self, request: Request, num_new: int, budget: int) -> list[int]:
+        """Consume ``request.draft_token_ids`` if a chunk of ``num_new`` tokens completes its
+        sequence, returning those to verify with it: what ``budget`` leaves room for, keeping every
+        position below ``max_model_len``, and no more than ``max_tokens`` can still use (the token
+        after the last draft completes them)."""
+        drafts = request.draft_token_ids
+        if not drafts or request.num_computed_tokens + num_new < request.num_tokens:
+            return []
+        request.draft_token_ids = []
+        max_tokens = request.sampling_params.max_tokens or self.max_model_len
+        room = min(
+            budget - num_new,
+            self.max_model_len - request.num_tokens - 1,
+            max_tokens - len(request.output_token_ids) - 1,
+        )
+        return drafts[: max(room, 0)]
+
     def _victim_for(self, request: Request) -> Request | None:
         """The running request that waiting ``request`` may preempt, per policy, if any."""
         if not self.running:
@@ -177,20 +214,30 @@ class BatchingScheduler(Scheduler):
         victim = self.preemption_victim(self.running)
         return victim if self.may_preempt_for(request, victim) else None
 
-    def update(self, output: SchedulerOutput, sampled: list[int]) -> list[Request]:
+    def update(self, output: SchedulerOutput, accepted: list[list[int]]) -> list[Request]:
+        if len(accepted) != len(output.scheduled):
+            raise ValueError(f"update: {len(accepted)} lists of accepted tokens for {len(output.scheduled)} scheduled")
         finished = []
-        for item, token in zip(output.scheduled, sampled):
+        for item, tokens in zip(output.scheduled, accepted):
             request = item.request
             if request.status is not RequestStatus.RUNNING:
                 continue  # aborted while the step ran
-            completes = item.completes_sequence
-            request.num_computed_tokens += item.num_tokens
-            if completes:
+            _check_accepted(item, tokens)
+            if not item.completes_sequence:
+                request.num_computed_tokens += item.num_tokens
+                continue
+            for token in tokens:
                 request.append_token(token, self.max_model_len)
                 if request.status.finished:
-                    self.running.remove(request)
-                    self._finish(request, request.status)
-                    finished.append(request)
+                    break
+            # The last token's KV comes next step; that of rejected drafts (or of drafts past a stop) is dropped.
+            request.num_computed_tokens = request.num_tokens - 1
+            if item.num_lookahead:
+                self.kv_cache.truncate(request, request.num_computed_tokens)
+            if request.status.finished:
+                self.running.remove(request)
+                self._finish(request, request.status)
+                finished.append(request)
         return finished
 
     def has_unfinished(self) -> bool:
@@ -214,6 +261,7 @@ class BatchingScheduler(Scheduler):
         self.running.remove(request)
         self.kv_cache.free(request)
         request.num_computed_tokens = 0
+        request.draft_token_ids = []
         request.num_preemptions += 1
         request.status = RequestStatus.PREEMPTED
         bisect.insort(self.waiting, request, key=self._queue_key)
@@ -230,3 +278,20 @@ class BatchingScheduler(Scheduler):
 def _decoding(request: Request) -> bool:
     """Whether ``request``'s next chunk starts past its prompt (what ``ScheduledRequest.decodes`` will say)."""
     return request.num_computed_tokens >= request.num_prompt_tokens
+
+
+def _check_accepted(item: ScheduledRequest, tokens: list[int]) -> None:
+    """ValueError unless ``tokens`` can be ``item``'s accepted tokens (see ``Scheduler.update``)."""
+    if not item.completes_sequence:
+        if tokens:
+            raise ValueError(
+                f"update: {item.request.request_id!r} got tokens {tokens} for a chunk that does not complete "
+                "its sequence"
+            )
+        return
+    drafts = item.draft_token_ids
+    if not 1 <= len(tokens) <= 1 + len(drafts) or tokens[:-1] != drafts[: len(tokens) - 1]:
+        raise ValueError(
+            f"update: {item.request.request_id!r} accepted {tokens} after verifying drafts {drafts}: expected "
+            "the accepted drafts (a prefix of them) and then one sampled token"
+        )

@@ -2,7 +2,9 @@
 
 The model is replaced by :func:`greedy_token`, a deterministic function of the whole token
 sequence: like greedy decoding, the token after a given sequence is always the same, so a
-request preempted and recomputed must produce the tokens it would have produced unpreempted.
+request preempted and recomputed must produce the tokens it would have produced unpreempted,
+and a request whose drafts are verified (lookahead, see :func:`draft_proposer`) the tokens it
+would have produced one token per step.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvserve.interfaces import KVCacheManager, Scheduler, SchedulerOutput
+from kvserve.interfaces import KVCacheManager, ScheduledRequest, Scheduler, SchedulerOutput
 from kvserve.request import Request, RequestStatus
 from kvserve.sampling_params import SamplingParams
 
@@ -27,13 +29,36 @@ def greedy_token(tokens: Sequence[int], vocab: int) -> int:
     return zlib.crc32(array("q", tokens).tobytes()) % vocab
 
 
+def draft_proposer(
+    vocab: int, seed: int, num_drafts: int = 3, *, always_right: bool = False
+) -> Callable[[Request], list[int]]:
+    """A fake proposer of ``num_drafts`` draft tokens: the request's true (greedy) continuation,
+    right for its first ``0 .. num_drafts`` tokens (drawn at random; all of them if
+    ``always_right``) and wrong after, so that verification accepts each possible number of them.
+    True continuations hold stop tokens and EOS too, so stops and ``max_tokens`` fall inside drafts."""
+    rng = random.Random(seed)
+
+    def propose(request: Request) -> list[int]:
+        tokens = request.token_ids(0, request.num_tokens)
+        for _ in range(num_drafts):
+            tokens.append(greedy_token(tokens, vocab))
+        drafts = tokens[request.num_tokens :]
+        right = num_drafts if always_right else rng.randint(0, num_drafts)
+        for i in range(right, num_drafts):
+            drafts[i] = (drafts[i] + rng.randrange(1, vocab)) % vocab  # any token but the true one
+        return drafts
+
+    return propose
+
+
 class ContractViolation(AssertionError):
     """A scheduler broke its contract; the message says at which step and how."""
 
 
 @dataclass
 class Arrival:
-    """A request of a workload: added before step ``step``, aborted before step ``abort_at`` if still live."""
+    """A request of a workload: added before step ``step``, aborted before step ``abort_at`` if still
+    live, and ready to run (``Request.ready_when``) from step ``ready_at`` on (None: at once)."""
 
     step: int
     request_id: str
@@ -41,6 +66,7 @@ class Arrival:
     params: SamplingParams
     priority: int = 0
     abort_at: int | None = None
+    ready_at: int | None = None
 
 
 @dataclass
@@ -118,6 +144,8 @@ class RunResult:
     preemptions: list[str] = field(default_factory=list)
     victims_checked: int = 0
     steps: int = 0
+    drafts_verified: int = 0
+    drafts_accepted: int = 0
 
 
 class SchedulerDriver:
@@ -137,6 +165,14 @@ class SchedulerDriver:
       ``expected_victim(running in admission order)`` (optional);
     - ``update`` appends each sampled token, finishes requests exactly when a stop condition
       holds, and returns each finished request once; aborted requests are never scheduled again;
+    - requests are admitted only once ready (``Request.ready_when``);
+    - with a ``proposer`` (called after each step for every request that sampled, to set its
+      ``draft_token_ids``): a chunk verifies only a prefix of its request's drafts, only when it
+      completes the sequence, with every position below ``max_model_len`` and no more than
+      ``max_tokens`` can use; the fake model verifies them greedily (reading the drafts' KV through
+      the block table), ``update`` appends the accepted ones up to the first stop, and afterwards
+      the request holds blocks for its computed tokens only (rejected drafts' slots given back);
+      a preempted request has no drafts;
     - at the end, every request that was not aborted has finished and every block is free.
 
     Given ``step_seconds`` (a plan's duration on a made-up clock), each step's time is reported
@@ -154,8 +190,10 @@ class SchedulerDriver:
         expected_victim: Callable[[list[Request]], Request | None] | None = None,
         max_steps: int = 5000,
         step_seconds: Callable[[SchedulerOutput], float] | None = None,
+        proposer: Callable[[Request], list[int]] | None = None,
     ) -> None:
         self.scheduler = scheduler
+        self.proposer = proposer
         self.kv: KVCacheManager = scheduler.kv_cache
         self.config = scheduler.config
         self.vocab = vocab
@@ -167,6 +205,8 @@ class SchedulerDriver:
         self.running: list[Request] = []
         """Admitted requests in admission order (the driver's own bookkeeping, not the scheduler's)."""
         self.computed: dict[str, int] = {}
+        self.ready_at: dict[str, int] = {}
+        """Request id -> the step from which the request is ready (only for requests held back at first)."""
         self.kv_content: dict[int, int] = {}
         """Cache slot -> the token whose KV the fake model wrote there (what attention would read)."""
         self.result = RunResult()
@@ -186,6 +226,9 @@ class SchedulerDriver:
             arrival_time=self._arrival_clock,
             priority=arrival.priority,
         )
+        if arrival.ready_at is not None:
+            ready_at = self.ready_at[request.request_id] = arrival.ready_at
+            request.ready_when = lambda: self.step_index >= ready_at
         self.scheduler.add_request(request)
         self.live[request.request_id] = request
         self.result.requests[request.request_id] = request
@@ -216,23 +259,30 @@ class SchedulerDriver:
             self._fail(f"no end after {self.max_steps} steps: {self._state()}")
         waiting_before = [r for r in self.live.values() if r not in self.running]
         running_before = list(self.running)
+        drafts_before = {rid: list(r.draft_token_ids) for rid, r in self.live.items()}
         plan = self.scheduler.schedule()
         self._check_preemptions(plan, running_before)
-        admitted = self._check_plan(plan)
+        admitted = self._check_plan(plan, drafts_before)
         self._check_policy_order(admitted, waiting_before)
         self._check_blocks("schedule()")
         completes = [item.completes_sequence for item in plan.scheduled]  # before update() appends
         for item in plan.scheduled:  # the runner writes every scheduled token's KV before any read
             slots = self._slots(item.request, item.start, item.start + item.num_tokens)
-            self.kv_content.update(zip(slots, item.request.token_ids(item.start, item.start + item.num_tokens)))
-        sampled = [self._sample(item) if done else -1 for item, done in zip(plan.scheduled, completes)]
+            self.kv_content.update(zip(slots, item.token_ids()))
+        accepted = [self._verify(item) if done else [] for item, done in zip(plan.scheduled, completes)]
+        self.result.drafts_verified += sum(item.num_lookahead for item in plan.scheduled)
+        self.result.drafts_accepted += sum(max(len(tokens) - 1, 0) for tokens in accepted)
         before = {item.request.request_id: len(item.request.output_token_ids) for item in plan.scheduled}
-        finished = self.scheduler.update(plan, sampled)
-        self._check_update(plan, sampled, completes, before, finished)
+        finished = self.scheduler.update(plan, accepted)
+        self._check_update(plan, accepted, completes, before, finished)
         self._check_blocks("update()")
         self._check_counts("update()")
         if self.step_seconds is not None:
             self.scheduler.record_step_time(plan, self.step_seconds(plan))
+        if self.proposer is not None:
+            for item, done in zip(plan.scheduled, completes):
+                if done and item.request.request_id in self.live:
+                    item.request.draft_token_ids = self.proposer(item.request)
         return plan
 
     def run(self, arrivals: list[Arrival]) -> RunResult:
@@ -263,19 +313,28 @@ class SchedulerDriver:
         table, size = self.kv.block_table(request.request_id), self.kv.block_size
         return [table[p // size] * size + p % size for p in range(start, end)]
 
-    def _sample(self, item: Any) -> int:
-        """The fake model's token for a chunk that completes its sequence, read through the KV cache."""
+    def _verify(self, item: ScheduledRequest) -> list[int]:
+        """The fake model and a greedy verifier for a chunk that completes its sequence: the accepted
+        drafts (those equal to the model's token after the tokens before them), then the model's
+        token after them; read through the KV cache."""
         request, end = item.request, item.start + item.num_tokens
+        tokens = request.token_ids(0, item.start) + item.token_ids()
         seen = [self.kv_content.get(slot) for slot in self._slots(request, 0, end)]
-        expected = request.token_ids(0, end)
-        if seen != expected:
-            position = next(p for p, (a, b) in enumerate(zip(seen, expected)) if a != b)
+        if seen != tokens:
+            position = next(p for p, (a, b) in enumerate(zip(seen, tokens)) if a != b)
             self._fail(
                 f"{request.request_id} would attend to wrong KV: its block table maps token {position} "
-                f"({expected[position]}) to a slot holding {seen[position]!r} (a reused block that was "
+                f"({tokens[position]}) to a slot holding {seen[position]!r} (a reused block that was "
                 "never computed, or overwritten)"
             )
-        return greedy_token(expected, self.vocab)
+        known = end - item.num_lookahead
+        accepted = []
+        for draft in item.draft_token_ids:
+            target = greedy_token(tokens[: known + len(accepted)], self.vocab)
+            if draft != target:
+                break
+            accepted.append(draft)
+        return accepted + [greedy_token(tokens[: known + len(accepted)], self.vocab)]
 
     # -- checks ----------------------------------------------------------------------------
     def _check_preemptions(self, plan: SchedulerOutput, running_before: list[Request]) -> None:
@@ -295,17 +354,18 @@ class SchedulerDriver:
                         )
             if victim in candidates:
                 candidates.remove(victim)
-            if victim.status.finished or victim.num_computed_tokens != 0:
+            if victim.status.finished or victim.num_computed_tokens != 0 or victim.draft_token_ids:
                 self._fail(
                     f"preempted {rid} must wait for recomputation (status {victim.status.name}, "
-                    f"{victim.num_computed_tokens} computed tokens; expected PREEMPTED/WAITING with 0)"
+                    f"{victim.num_computed_tokens} computed tokens, drafts {victim.draft_token_ids}; "
+                    "expected PREEMPTED/WAITING with 0 and no drafts)"
                 )
             self.running.remove(victim)
             self.computed[rid] = 0
             self.result.preemptions.append(rid)
 
-    def _check_plan(self, plan: SchedulerOutput) -> list[Request]:
-        """Budget, sequence count, chunk positions and block coverage; returns the newly admitted requests."""
+    def _check_plan(self, plan: SchedulerOutput, drafts_before: dict[str, list[int]]) -> list[Request]:
+        """Budget, sequence count, chunk positions, drafts and block coverage; returns the newly admitted requests."""
         budget, max_seqs = self.config.max_num_batched_tokens, self.config.max_num_seqs
         if plan.num_batched_tokens > budget:
             self._fail(
@@ -320,11 +380,16 @@ class SchedulerDriver:
             request, rid = item.request, item.request.request_id
             if self.live.get(rid) is not request:
                 self._fail(f"scheduled {rid}, which is {request.status.name} (not a live request)")
-            if item.num_tokens <= 0 or item.start + item.num_tokens > request.num_tokens:
+            if item.num_tokens <= item.num_lookahead or item.start + item.num_tokens - item.num_lookahead > (
+                request.num_tokens
+            ):
                 self._fail(
-                    f"{rid}: chunk of {item.num_tokens} tokens from {item.start} "
+                    f"{rid}: chunk of {item.num_tokens} tokens ({item.num_lookahead} drafts) from {item.start} "
                     f"is outside its {request.num_tokens} tokens"
                 )
+            self._check_drafts(item, drafts_before.get(rid, []))
+            if self.step_index < self.ready_at.get(rid, 0):
+                self._fail(f"{rid} was scheduled before it was ready (Request.ready_when)")
             if request in self.running:
                 if item.start != self.computed[rid]:
                     self._fail(
@@ -338,7 +403,7 @@ class SchedulerDriver:
             if not self.config.enable_chunked_prefill and not item.completes_sequence:
                 self._fail(f"{rid}: a partial chunk ({item.num_tokens} tokens) although chunked prefill is off")
             cap = self.config.long_prefill_token_threshold
-            if cap and item.num_tokens > cap:
+            if cap and item.num_tokens - item.num_lookahead > cap:
                 self._fail(f"{rid}: a chunk of {item.num_tokens} tokens, over long_prefill_token_threshold={cap}")
             blocks = self.kv.block_table(rid)
             if len(blocks) * self.kv.block_size < item.start + item.num_tokens:
@@ -351,6 +416,29 @@ class SchedulerDriver:
                 f"{len(plan.scheduled)} scheduled / {len(self.running)} running requests, over max_num_seqs={max_seqs}"
             )
         return admitted
+
+    def _check_drafts(self, item: ScheduledRequest, proposed: list[int]) -> None:
+        rid, k = item.request.request_id, item.num_lookahead
+        if not k:
+            return
+        request, params = item.request, item.request.sampling_params
+        if not item.completes_sequence or item.draft_token_ids != proposed[:k]:
+            self._fail(
+                f"{rid}: verifies drafts {item.draft_token_ids} (proposed {proposed}) in a chunk that "
+                f"{'completes' if item.completes_sequence else 'does not complete'} its sequence: only a "
+                "prefix of the proposed drafts, and only with the last known token"
+            )
+        if item.start + item.num_tokens >= self.scheduler.max_model_len:
+            self._fail(
+                f"{rid}: drafts up to position {item.start + item.num_tokens - 1}, max_model_len is "
+                f"{self.scheduler.max_model_len}: the token after the last draft would be past it"
+            )
+        max_tokens = params.max_tokens or self.scheduler.max_model_len
+        if len(request.output_token_ids) + k >= max_tokens:
+            self._fail(
+                f"{rid}: {k} drafts after {len(request.output_token_ids)} output tokens, "
+                f"max_tokens={max_tokens}: the token after the last draft would be past it"
+            )
 
     def _check_admission_start(self, start: int, request: Request) -> None:
         if start == 0:
@@ -374,7 +462,8 @@ class SchedulerDriver:
                 )
         last = max(admitted, key=key)
         for request in waiting_before:
-            if request not in admitted and key(request) < key(last):
+            ready = self.step_index >= self.ready_at.get(request.request_id, 0)
+            if request not in admitted and ready and key(request) < key(last):
                 self._fail(
                     f"admitted {last.request_id} (policy key {key(last)!r}) while {request.request_id} "
                     f"(policy key {key(request)!r}) kept waiting: admission order violates the policy"
@@ -383,7 +472,7 @@ class SchedulerDriver:
     def _check_update(
         self,
         plan: SchedulerOutput,
-        sampled: list[int],
+        accepted: list[list[int]],
         completes: list[bool],
         before: dict[str, int],
         finished: list[Request],
@@ -394,37 +483,57 @@ class SchedulerDriver:
         for request in finished:
             if request not in self.running or not request.status.finished:
                 self._fail(f"update() returned {request.request_id} ({request.status.name}) as finished")
-        for item, token, done in zip(plan.scheduled, sampled, completes):
+        for item, tokens, done in zip(plan.scheduled, accepted, completes):
             request, rid = item.request, item.request.request_id
-            self.computed[rid] = item.start + item.num_tokens
-            grew = len(request.output_token_ids) - before[rid]
-            if grew != int(done) or (grew and request.output_token_ids[-1] != token):
+            expected, stops = self._appended(request, before[rid], tokens)
+            appended = request.output_token_ids[before[rid] :]
+            if appended != expected:
                 self._fail(
-                    f"update() must append the sampled token to {rid} exactly when its chunk completes "
-                    f"the sequence (completes: {done}, sampled {token}, output grew by {grew})"
+                    f"update() must append the accepted tokens to {rid} up to the first stop, exactly when "
+                    f"its chunk completes the sequence (completes: {done}, accepted {tokens}, expected "
+                    f"{expected} appended, got {appended})"
                 )
-            should_finish = done and self._stop_condition(request)
-            if should_finish != (request in finished):
+            if stops != (request in finished):
                 self._fail(
-                    f"{rid} {'met' if should_finish else 'did not meet'} a stop condition "
+                    f"{rid} {'met' if stops else 'did not meet'} a stop condition "
                     f"(output {len(request.output_token_ids)} tokens, last {request.output_token_ids[-1:]}) "
-                    f"but update() {'did not return' if should_finish else 'returned'} it as finished"
+                    f"but update() {'did not return' if stops else 'returned'} it as finished"
+                )
+            self.computed[rid] = request.num_tokens - 1 if done else item.start + item.num_tokens
+            if stops:
+                continue
+            if request.num_computed_tokens != self.computed[rid]:
+                self._fail(
+                    f"{rid} has {request.num_computed_tokens} computed tokens after update(), expected "
+                    f"{self.computed[rid]} (rejected drafts' KV does not count)"
+                )
+            held = len(self.kv.block_table(rid))
+            if item.num_lookahead and held != -(-request.num_computed_tokens // self.kv.block_size):
+                self._fail(
+                    f"{rid} holds {held} blocks after verifying drafts, for {request.num_computed_tokens} "
+                    "computed tokens: the slots of rejected drafts must be given back (KVCacheManager.truncate)"
                 )
         for request in finished:
             self.result.outputs[request.request_id] = list(request.output_token_ids)
             self.result.statuses[request.request_id] = request.status
             self._forget(request)
 
-    def _stop_condition(self, request: Request) -> bool:
-        """Whether the last appended token ends the request (EOS, stop token, max_tokens, max_model_len)."""
-        params, last = request.sampling_params, request.output_token_ids[-1]
-        max_tokens = params.max_tokens or self.scheduler.max_model_len
-        return (
-            last in params.stop_token_ids
-            or (last in request.eos_token_ids and not params.ignore_eos)
-            or len(request.output_token_ids) >= max_tokens
-            or request.num_tokens >= self.scheduler.max_model_len
-        )
+    def _appended(self, request: Request, num_before: int, tokens: list[int]) -> tuple[list[int], bool]:
+        """The tokens ``update`` must append to ``request`` (which had ``num_before`` output tokens)
+        given ``tokens`` accepted, and whether the last of them ends it (EOS, stop token,
+        ``max_tokens``, ``max_model_len``)."""
+        params, max_model_len = request.sampling_params, self.scheduler.max_model_len
+        max_tokens = params.max_tokens or max_model_len
+        for count, token in enumerate(tokens, 1):
+            num_output = num_before + count
+            if (
+                token in params.stop_token_ids
+                or (token in request.eos_token_ids and not params.ignore_eos)
+                or num_output >= max_tokens
+                or request.num_prompt_tokens + num_output >= max_model_len
+            ):
+                return tokens[:count], True
+        return list(tokens), False
 
     def _check_blocks(self, after: str) -> None:
         held = {block for r in self.running for block in self.kv.block_table(r.request_id)}

@@ -27,6 +27,17 @@ class FreeListKVCacheManager(KVCacheManager):
         self.tables[request.request_id] = table + [self.free_blocks.pop() for _ in range(max(needed, 0))]
         return True
 
+    def truncate(self, request: Request, num_tokens: int) -> None:
+        table = self.tables[request.request_id]
+        if not request.num_computed_tokens <= num_tokens <= len(table) * self.block_size:
+            raise ValueError(
+                f"truncate: request {request.request_id!r} to {num_tokens} tokens, but it has "
+                f"{request.num_computed_tokens} computed tokens and slots for {len(table) * self.block_size}"
+            )
+        keep = -(-num_tokens // self.block_size)
+        self.free_blocks += table[keep:]
+        self.tables[request.request_id] = table[:keep]
+
     def free(self, request: Request) -> None:
         self.free_blocks += self.tables.pop(request.request_id, [])
 

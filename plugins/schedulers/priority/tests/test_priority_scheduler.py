@@ -29,7 +29,7 @@ def step(scheduler: PriorityScheduler, token: int = 7) -> SchedulerOutput:
     out = scheduler.schedule()
     assert out.num_batched_tokens <= scheduler.config.max_num_batched_tokens
     assert len(out.scheduled) <= scheduler.config.max_num_seqs
-    scheduler.update(out, [token] * len(out.scheduled))
+    scheduler.update(out, [[token] if item.completes_sequence else [] for item in out.scheduled])
     return out
 
 

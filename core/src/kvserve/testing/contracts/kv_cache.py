@@ -41,7 +41,11 @@ class KVCacheManagerContract(ComponentContract):
       same leading tokens (and cache salt), shared blocks stay held until their last holder
       frees them, unreferenced cached blocks are evicted when space is needed, lookups are
       pure, stats count admitted lookups, ``reset_prefix_cache`` refuses while blocks are held,
-      and ``fork`` (when implemented) shares full blocks and copies the partial one.
+      and ``fork`` (when implemented) shares full blocks and copies the partial one;
+    - lookahead (when ``truncate`` is implemented): slots for draft tokens past the request's
+      tokens, ``truncate`` gives back exactly the blocks past the kept tokens (shared blocks keep
+      their other holders), refuses to drop computed tokens, and a block holding drafts, or the
+      not yet computed token after them, is never offered.
 
     Prefix caching is optional: :attr:`prefix_caching` ``None`` runs those tests only if the
     manager reuses blocks at all with ``enable_prefix_caching=True``; ``True`` requires it.
@@ -184,6 +188,142 @@ class KVCacheManagerContract(ComponentContract):
                     holders.remove(request)
                     idle.append(request)
             self.assert_accounting(manager, holders, f"operation {step} ({op})")
+        for request in holders:
+            manager.free(request)
+        self.assert_accounting(manager, [], "after freeing everything")
+
+    # -- lookahead: draft slots and truncate -------------------------------------------------
+    @staticmethod
+    def verify_drafts(manager: KVCacheManager, request: Request, drafts: list[int], accepted: list[int]) -> None:
+        """A decode step with lookahead, as the scheduler runs it: slots for the last known token and
+        ``drafts``; then ``accepted`` (accepted drafts and the token after them) appended, the
+        computed count set to all but the last token, and the slots past it truncated."""
+        assert request.num_computed_tokens == request.num_tokens - 1, "a decoding request"
+        if not manager.allocate_slots(request, 1 + len(drafts)):
+            raise AssertionError(f"{request.request_id}: no room for {len(drafts)} drafts")
+        request.output_token_ids += accepted
+        request.num_computed_tokens = request.num_tokens - 1
+        try:
+            manager.truncate(request, request.num_computed_tokens)
+        except NotImplementedError:
+            pytest.skip("the manager does not implement truncate (lookahead)")
+
+    def decoding(self, manager: KVCacheManager, request_id: str, tokens: list[int] | range) -> Request:
+        """A request admitted with prompt ``tokens[:-1]``, computed, and ``tokens[-1]`` sampled."""
+        request = make_request(request_id, list(tokens)[:-1])
+        assert self.admit(manager, request) is not None, f"{request_id} did not fit"
+        request.num_computed_tokens = request.num_tokens
+        request.output_token_ids.append(list(tokens)[-1])
+        return request
+
+    def test_truncate_gives_back_the_slots_of_rejected_drafts(self, component):
+        """Slots for 5 drafts past a request's tokens, 1 accepted: ``truncate`` keeps exactly the
+        blocks of the computed tokens, the table's head unchanged, every other block free again;
+        truncating below the computed tokens is refused with ValueError."""
+        manager = self.make(component, num_blocks=9)
+        a = self.decoding(manager, "a", range(100, 107))  # 7 tokens, 6 computed
+        assert manager.allocate_slots(a, 1 + 5), "the last token and 5 drafts: 12 tokens in 3 blocks"
+        table = list(manager.block_table("a"))
+        assert len(table) == 3, f"slots for 12 tokens in table {table}"
+        a.output_token_ids += [107, 50]  # one draft accepted, then the token after it
+        a.num_computed_tokens = a.num_tokens - 1
+        try:
+            manager.truncate(a, a.num_computed_tokens)
+        except NotImplementedError:
+            pytest.skip("the manager does not implement truncate (lookahead)")
+        assert manager.block_table("a") == table[:2], (
+            f"truncating to 8 tokens turned table {table} into {manager.block_table('a')}, expected {table[:2]}"
+        )
+        self.assert_accounting(manager, [a], "after truncating rejected drafts")
+        with pytest.raises(ValueError):
+            manager.truncate(a, a.num_computed_tokens - 1)
+        assert manager.block_table("a") == table[:2], "a refused truncate changed the table"
+        manager.free(a)
+        self.assert_accounting(manager, [], "after freeing")
+
+    def test_truncate_keeps_blocks_other_requests_share(self, caching_manager):
+        """A request reusing another's cached prefix verifies drafts and truncates: the shared
+        blocks keep both holders, and freeing both returns every block."""
+        manager = caching_manager
+        a = self.decoding(manager, "a", range(10))
+        b = self.decoding(manager, "b", [*range(9), 60])
+        assert manager.block_table("b")[:2] == manager.block_table("a")[:2], "b must reuse a's 8 cached tokens"
+        self.verify_drafts(manager, b, [61, 62, 63, 64], [61, 70])
+        assert manager.block_table("b")[:2] == manager.block_table("a")[:2]
+        self.assert_accounting(manager, [a, b], "after b verified drafts")
+        manager.free(a)
+        self.assert_accounting(manager, [b], "after freeing a")
+        manager.free(b)
+        self.assert_accounting(manager, [], "after freeing both")
+
+    def test_drafts_are_offered_only_once_accepted_and_computed(self, caching_manager):
+        """A block holding draft tokens is never offered while they are drafts, nor one whose last
+        token (sampled after the accepted drafts) has no KV yet, even after the request is freed;
+        a block full of accepted, computed drafts is offered as if computed one token per step."""
+        manager = caching_manager
+        known = list(range(200, 208))  # 8 tokens: 2 blocks, the last token not computed yet
+        drafts = [208, 209, 210, 211, 212]
+        a = self.decoding(manager, "a", known)
+        assert manager.allocate_slots(a, 1 + len(drafts))
+        got = manager.num_cached_tokens(make_request("probe1", [*known, *drafts, 0]))
+        assert got == 8, f"{got} tokens offered while tokens 8.. are drafts: only the 8 known ones may be"
+        a.output_token_ids += [208, 209, 210, 211, 99]  # 4 drafts accepted, the fifth rejected
+        a.num_computed_tokens = a.num_tokens - 1  # 12: tokens 0..11
+        try:
+            manager.truncate(a, a.num_computed_tokens)
+        except NotImplementedError:
+            pytest.skip("the manager does not implement truncate (lookahead)")
+        got = manager.num_cached_tokens(make_request("probe2", [*known, 208, 209, 210, 211, 99, 0]))
+        assert got == 12, f"{got} tokens offered after 4 drafts were accepted and computed, expected 12"
+        got = manager.num_cached_tokens(make_request("probe3", [*known, *drafts, 0]))
+        assert got == 12, f"the rejected draft 212 was offered: {got} cached tokens, expected 12"
+        self.verify_drafts(manager, a, [100, 101, 102], [100, 101, 7])  # tokens 13..15: 101 computed, 7 not
+        probe = [*a.token_ids(0, a.num_tokens), 0]
+        for when in ("before its step is scheduled", "after the request ended"):
+            got = manager.num_cached_tokens(make_request("probe4", probe))
+            assert got == 12, (
+                f"{got} tokens offered {when}, with tokens 12..15 computed but the last (sampled after "
+                "the accepted drafts): a block whose last token has no KV must not be offered"
+            )
+            manager.free(a)
+
+    def test_random_lookahead_keeps_exact_accounting(self, component, seed):
+        """Random decodes verifying 0 to 4 drafts (each accepted or not), preemptions and frees keep
+        ``free + held == usable`` after every operation and a table of ``ceil(computed / block_size)``
+        blocks after every truncate."""
+        rng = random.Random(seed)
+        manager = self.make(component, num_blocks=17, prefix_caching=bool(seed % 2))
+        holders: list[Request] = []
+        for i in range(6):
+            holders.append(self.decoding(manager, f"r{i}", range(50 * i, 50 * i + rng.randint(1, 9))))
+        for step in range(150):
+            if not holders:
+                break
+            request = rng.choice(holders)
+            drafts = [rng.randrange(50) for _ in range(rng.randint(0, 4))]
+            if rng.random() < 0.1 or not manager.allocate_slots(request, 1 + len(drafts)):
+                manager.free(request)  # preempted: computed again up to its last token, from its cached prefix
+                request.num_computed_tokens = 0
+                cached = manager.num_cached_tokens(request)
+                request.num_computed_tokens = cached
+                if manager.allocate_slots(request, request.num_tokens - 1 - cached, cached):
+                    request.num_computed_tokens = request.num_tokens - 1
+                else:
+                    holders.remove(request)
+                self.assert_accounting(manager, holders, f"operation {step} (preempt)")
+                continue
+            kept = rng.randint(0, len(drafts))
+            request.output_token_ids += [*drafts[:kept], rng.randrange(50)]
+            request.num_computed_tokens = request.num_tokens - 1
+            try:
+                manager.truncate(request, request.num_computed_tokens)
+            except NotImplementedError:
+                pytest.skip("the manager does not implement truncate (lookahead)")
+            table = manager.block_table(request.request_id)
+            assert len(table) == -(-request.num_computed_tokens // BLOCK_SIZE), (
+                f"operation {step}: {len(table)} blocks after truncating to {request.num_computed_tokens} tokens"
+            )
+            self.assert_accounting(manager, holders, f"operation {step} (verify {len(drafts)} drafts)")
         for request in holders:
             manager.free(request)
         self.assert_accounting(manager, [], "after freeing everything")

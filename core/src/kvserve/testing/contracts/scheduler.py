@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import pytest
@@ -11,10 +12,10 @@ from kvserve.interfaces import Scheduler
 from kvserve.plugins import load_component
 from kvserve.request import Request, RequestStatus
 from kvserve.sampling_params import SamplingParams
-from kvserve.scheduling import BatchingScheduler
+from kvserve.scheduling import BatchingScheduler, DistinctKeyLimit
 from kvserve.scheduling.prefill_time_budget import split_tokens
 from kvserve.testing.contracts._base import ComponentContract, reported_as
-from kvserve.testing.scheduler_driver import Arrival, SchedulerDriver, Workload, random_workload
+from kvserve.testing.scheduler_driver import Arrival, SchedulerDriver, Workload, draft_proposer, random_workload
 
 
 class SchedulerContract(ComponentContract):
@@ -83,8 +84,16 @@ class SchedulerContract(ComponentContract):
         )
         return component(config, manager, workload.max_model_len)
 
-    def run_workload(self, component: type, workload: Workload, *, check_policy: bool = True) -> tuple[Any, Any]:
-        """Run ``workload`` through a fresh scheduler; a broken rule fails the test with the driver's message."""
+    def run_workload(
+        self,
+        component: type,
+        workload: Workload,
+        *,
+        check_policy: bool = True,
+        proposer: Callable[[Request], list[int]] | None = None,
+    ) -> tuple[Any, Any]:
+        """Run ``workload`` through a fresh scheduler (with drafts from ``proposer``, if given); a broken
+        rule fails the test with the driver's message."""
         scheduler = self.make_scheduler(component, workload)
         order = check_policy and self.states_policy(scheduler, "policy_key")
         victim = check_policy and self.states_policy(scheduler, "expected_victim")
@@ -93,6 +102,7 @@ class SchedulerContract(ComponentContract):
             vocab=workload.vocab,
             policy_key=(lambda r: self.policy_key(scheduler, r)) if order else None,
             expected_victim=(lambda running: self.expected_victim(scheduler, running)) if victim else None,
+            proposer=proposer,
         )
         with reported_as(f"scheduler {self.scheduler!r}"):
             return driver.run(workload.arrivals), scheduler
@@ -266,6 +276,70 @@ class SchedulerContract(ComponentContract):
         result, _ = self.run_workload(component, workload.with_(arrivals=[arrival]))
         assert result.statuses["to-the-end"] is RequestStatus.FINISHED_LENGTH
         assert len(result.outputs["to-the-end"]) == workload.max_model_len - 40
+
+    # -- multi-token steps, held requests, admission rules ---------------------------------------
+    def test_drafts_change_no_output(self, component, seed):
+        """A fake proposer drafting 3 tokens a step, of which verification accepts 0 to 3: over a
+        tiny KV cache (preemption), with and without prefix caching, chunked or not, every request
+        produces exactly the tokens it produces one token per step, stops and ``max_tokens``
+        falling inside drafts included. The driver checks each step: drafts within the budget and
+        ``max_model_len``, accepted tokens appended up to the first stop, rejected drafts' slots
+        given back, no leaks; and, with aborts, the same invariants."""
+        workload = random_workload(seed, aborts=0)
+        plain, _ = self.run_workload(component, workload)
+        drafted, _ = self.run_workload(component, workload, proposer=draft_proposer(workload.vocab, seed))
+        assert drafted.outputs == plain.outputs, "verifying drafts changed the output"
+        assert drafted.drafts_accepted and drafted.drafts_accepted < drafted.drafts_verified, (
+            f"{drafted.drafts_accepted} of {drafted.drafts_verified} drafts accepted: expected some, not all"
+        )
+        assert drafted.steps < plain.steps, f"{drafted.steps} steps with drafts, {plain.steps} without"
+        self.run_workload(component, random_workload(seed), proposer=draft_proposer(workload.vocab, seed + 1))
+
+    def test_drafts_never_exceed_the_budget(self, component):
+        """Four decoding requests drafting 3 tokens each under a budget of 8 tokens: steps verify the
+        drafts that fit (never over 8 tokens, the driver checks) and drop the others."""
+        workload = random_workload(0, tiny_cache=False, aborts=0).with_(max_num_batched_tokens=8, max_num_seqs=4)
+        params = SamplingParams(max_tokens=12, ignore_eos=True)
+        arrivals = [Arrival(0, f"r{i}", [3 + i] * 2, params) for i in range(4)]
+        # Always-right drafts: only the budget limits them.
+        result, _ = self.run_workload(
+            component, workload.with_(arrivals=arrivals), proposer=draft_proposer(workload.vocab, 0, always_right=True)
+        )
+        assert 0 < result.drafts_verified < 4 * 11 * 3, f"{result.drafts_verified} drafts verified"
+        assert result.drafts_accepted == result.drafts_verified
+        assert all(len(tokens) == 12 for tokens in result.outputs.values())
+
+    def test_request_held_until_ready_does_not_block_others(self, component):
+        """A request not ready (``Request.ready_when``: a grammar compiling) is not admitted until it
+        is, while requests that arrived after it are; once ready it runs to its end."""
+        workload = random_workload(0, tiny_cache=False, aborts=0).with_(max_num_seqs=4)
+        params = SamplingParams(max_tokens=3, ignore_eos=True)
+        arrivals = [Arrival(0, "held", [3] * 5, params, priority=0, ready_at=6)]
+        arrivals += [Arrival(0, f"r{i}", [4 + i] * 5, params, priority=1) for i in range(3)]
+        result, _ = self.run_workload(component, workload.with_(arrivals=arrivals))  # checks no early admission
+        assert result.admissions[:3] == ["r0", "r1", "r2"] and result.admissions[3] == "held", result.admissions
+        assert result.outputs["held"] and len(result.outputs["held"]) == 3
+
+    def test_admission_rule_caps_distinct_keys_per_step(self, component):
+        """With :class:`~kvserve.scheduling.DistinctKeyLimit` (here on ``priority``, as it would be on a
+        LoRA adapter id) at 2, no step's running requests, hence no step's batch, hold more than 2
+        distinct keys; requests of a third key wait and run later, every request finishes."""
+        workload = random_workload(2, tiny_cache=False, aborts=0).with_(max_num_seqs=8, max_num_batched_tokens=64)
+        params = SamplingParams(max_tokens=4, ignore_eos=True)
+        arrivals = [Arrival(0, f"r{i}", [3 + i] * 4, params, priority=i % 4) for i in range(12)]
+        scheduler = self.make_scheduler(component, workload)
+        scheduler.add_admission_rule(DistinctKeyLimit(lambda request: request.priority, 2))
+        driver = SchedulerDriver(scheduler, vocab=workload.vocab)
+        for arrival in arrivals:
+            driver.add(arrival)
+        seen = set()
+        with reported_as(f"scheduler {self.scheduler!r}"):
+            while scheduler.has_unfinished():
+                plan = driver.step()
+                keys = {r.priority for r in driver.running} | {item.request.priority for item in plan.scheduled}
+                assert len(keys) <= 2, f"step {driver.step_index}: running requests hold keys {sorted(keys)}"
+                seen |= keys
+        assert seen == {0, 1, 2, 3} and len(driver.result.outputs) == 12, (seen, sorted(driver.result.outputs))
 
 
 def _long_arrival(i: int, seed: int) -> Arrival:
