@@ -18,9 +18,9 @@ import openai
 import pytest
 
 from kvserve.config import EngineConfig
-from kvserve.engine import sampler
 from kvserve.engine.async_llm import AsyncLLM
 from kvserve.errors import EngineDeadError
+from kvserve.sampling import Sampler
 from kvserve.sampling_params import SamplingParams
 from kvserve.testing.engine_faults import FailingForward
 
@@ -174,14 +174,16 @@ def test_a_request_the_engine_fails_gets_500_and_a_bystander_stream_completes(
 ) -> None:
     body = {"model": MODEL, "prompt": "bystander says", "max_tokens": 150, "temperature": 0, "ignore_eos": True}
     reference = http.post("/v1/completions", json=body).json()["choices"][0]["text"]
-    process_row = sampler._process_row
+    process = Sampler.process
 
-    def fails_for_seed_666(logits, row, request):
-        if request.sampling_params.seed == 666:
-            raise RuntimeError("a bug in this request's sampling")
-        process_row(logits, row, request)
+    def fails_for_seed_666(self, logits, requests):
+        logits, batch = process(self, logits, requests)
+        for row, request in enumerate(requests):
+            if request.sampling_params.seed == 666:
+                batch.fail(row, "sampling", RuntimeError("a bug in this request's sampling"))
+        return logits, batch
 
-    monkeypatch.setattr(sampler, "_process_row", fails_for_seed_666)
+    monkeypatch.setattr(Sampler, "process", fails_for_seed_666)
     streamed: list[str] = []
 
     def bystander() -> None:

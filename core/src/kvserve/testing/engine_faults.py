@@ -8,7 +8,7 @@ import os
 import time
 from typing import Any
 
-from kvserve.engine import sampler
+from kvserve.sampling import SamplerStage
 
 
 class FailingForward:
@@ -34,17 +34,27 @@ class FailingForward:
 
 
 class FailingSeed:
-    """Sampling a request whose ``seed`` is ``seed`` raises: a bug confined to that request."""
+    """Sampling a request whose ``seed`` is ``seed`` raises: a bug confined to that request (a stage
+    put first in the engine's sampler pipeline)."""
 
     def __init__(self, seed: int) -> None:
         self.seed = seed
 
     def __call__(self, engine: Any) -> None:
-        process_row = sampler._process_row
+        engine.sampler.stages.insert(0, _FailingSeedStage(self.seed))
 
-        def process_row_unless_seed(logits: Any, row: int, request: Any) -> None:
+
+class _FailingSeedStage(SamplerStage):
+    name = "failing_seed"
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+
+    def wants(self, batch: Any) -> bool:
+        return any(r.sampling_params.seed == self.seed for r in batch.requests)
+
+    def apply(self, logits: Any, batch: Any) -> Any:
+        for row, request in enumerate(batch.requests):
             if request.sampling_params.seed == self.seed:
-                raise RuntimeError("a bug in this request's sampling")
-            process_row(logits, row, request)
-
-        sampler._process_row = process_row_unless_seed
+                batch.fail(row, "sampling", RuntimeError("a bug in this request's sampling"))
+        return logits
