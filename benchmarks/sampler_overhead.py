@@ -31,8 +31,8 @@ class TimedSampler:
         self.seconds += time.perf_counter() - start
         return result
 
-    def forget(self, request_id: str) -> None:
-        self.inner.forget(request_id)
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)  # accept, forget, ...: the engine's sampler's own
 
 
 def main() -> None:
