@@ -21,6 +21,8 @@ SUBJECTS = {
     "TestForgetsFreedMemory": ("mutant_platform", "ForgetsFreedMemory"),
     "TestBudgetGrowsWithActivations": ("mutant_platform", "BudgetGrowsWithActivations"),
     "TestHalfVersionedCapability": ("mutant_platform", "HalfVersionedCapability"),
+    "TestSamplerIgnoresMinP": ("mutant_platform", "SamplerIgnoresMinP"),
+    "TestSamplerKeepsEveryToken": ("mutant_platform", "SamplerKeepsEveryToken"),
     "TestRealCpuPlatform": ("kvserve_platform_cpu.platform", "CpuPlatform"),
 }
 
@@ -77,3 +79,16 @@ def test_each_mutant_fails_its_check_only(outcomes, test_class, check, words):
     failures = failed(outcomes, test_class)
     assert list(failures) == [check], failures
     assert words in failures[check], failures[check]
+
+
+@pytest.mark.parametrize(
+    ("test_class", "words"),
+    [
+        ("TestSamplerIgnoresMinP", "has no probability after min_p"),
+        ("TestSamplerKeepsEveryToken", "inside=True"),
+    ],
+)
+def test_each_sampling_kernel_mutant_fails_the_kernel_checks_only(outcomes, test_class, words):
+    failures = failed(outcomes, test_class)
+    assert failures and all(test.startswith("test_sampling_kernel_") for test in failures), failures
+    assert any(words in message for message in failures.values()), failures

@@ -7,8 +7,10 @@ platform contract fails each of them with a message naming the broken behaviour.
 from __future__ import annotations
 
 import psutil
+import torch
 
-from kvserve.interfaces import DeviceCapability
+from kvserve.interfaces import DeviceCapability, SamplingKernel
+from kvserve.sampling.torch_kernel import TorchSamplingKernel
 from kvserve_platform_cpu.platform import CpuPlatform
 
 
@@ -48,3 +50,32 @@ class HalfVersionedCapability(CpuPlatform):
 
     def capability(self) -> DeviceCapability:
         return DeviceCapability(name="cpu", major=8, minor=None)
+
+
+class _IgnoresMinP(TorchSamplingKernel):
+    def draw(self, logits, temperature, min_p, top_p, uniform):
+        return super().draw(logits, temperature, torch.zeros_like(min_p), top_p, uniform)
+
+
+class SamplerIgnoresMinP(CpuPlatform):
+    """The sampling kernel draws from the whole distribution: min-p's floor is never applied."""
+
+    name = "cpu_sampler_ignores_min_p"
+
+    def sampling_kernel(self) -> SamplingKernel:
+        return _IgnoresMinP()
+
+
+class _EveryTokenInTheNucleus(TorchSamplingKernel):
+    def draw(self, logits, temperature, min_p, top_p, uniform):
+        tokens, _ = super().draw(logits, temperature, min_p, top_p, uniform)
+        return tokens, torch.ones_like(tokens, dtype=torch.bool)
+
+
+class SamplerKeepsEveryToken(CpuPlatform):
+    """The sampling kernel says every draw is inside its top-p nucleus: top-p never truncates."""
+
+    name = "cpu_sampler_keeps_every_token"
+
+    def sampling_kernel(self) -> SamplingKernel:
+        return _EveryTokenInTheNucleus()

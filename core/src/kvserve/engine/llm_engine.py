@@ -90,7 +90,7 @@ class LLMEngine:
         """How steps run: optimization level, eager or compiled (with compile seconds so far), the
         attention backend and the kernels it runs, e.g. ``optimization_level=0 (eager)
         attention_backend=cpu (decode and prefill: C++ paged kernel ...) linear_kernel=avx512 (...)
-        layer_ops=cpu-native (...)``."""
+        layer_ops=cpu-native (...) sampling_kernel=cpu-native``."""
         level = self.config.compilation.optimization_level
         compiled = self.runner.compiled if self.runner is not None else None
         how = compiled.describe() if compiled is not None else "eager" if level == 0 else "compiled on every rank"
@@ -99,7 +99,7 @@ class LLMEngine:
         info = self.executor.info
         return (
             f"optimization_level={level} ({how}) attention_backend={backend} linear_kernel={info.linear_kernel} "
-            f"layer_ops={info.layer_ops}"
+            f"layer_ops={info.layer_ops} sampling_kernel={self.sampler.kernel.describe()}"
         )
 
     # -- construction -------------------------------------------------------------------
@@ -119,7 +119,8 @@ class LLMEngine:
         device = self.platform.device() if self.model is not None else torch.device("cpu")
         processors = [cls(self.config, device, False) for cls in self.logits_processor_classes]
         extra = [BatchLogitsProcessorsStage(processors)] if processors else []
-        return Sampler(self.config.model.seed, default_stages(extra), self.config.model.logprobs_mode)
+        kernel = self.platform.sampling_kernel() if self.model is not None else None
+        return Sampler(self.config.model.seed, default_stages(extra), self.config.model.logprobs_mode, kernel)
 
     def _eos_token_ids(self, source: Any) -> tuple[int, ...]:
         """EOS ids as HF ``generate`` sees them: generation_config.json, else config, else tokenizer."""

@@ -9,6 +9,7 @@ from kvserve.interfaces.logits_processor import BatchUpdate, LogitsProcessor, Mo
 from kvserve.interfaces.model import Model
 from kvserve.interfaces.platform import DeviceCapability, Platform
 from kvserve.interfaces.quantization import ParamLoading, QuantizationMethod
+from kvserve.interfaces.sampling_kernel import SamplingKernel
 from kvserve.interfaces.scheduler import AdmissionRule, ScheduledRequest, Scheduler, SchedulerOutput
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "ParamLoading",
     "Platform",
     "QuantizationMethod",
+    "SamplingKernel",
     "ScheduledRequest",
     "Scheduler",
     "SchedulerOutput",

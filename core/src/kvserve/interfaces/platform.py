@@ -12,6 +12,7 @@ if TYPE_CHECKING:
 
     from kvserve.interfaces.layer_ops import LayerOps
     from kvserve.interfaces.linear_kernel import LinearKernel
+    from kvserve.interfaces.sampling_kernel import SamplingKernel
 
 
 @dataclass(frozen=True)
@@ -137,5 +138,14 @@ class Platform(ABC):
 
         Called once per engine, at optimization level 0 only (compiled levels fuse these ops
         themselves); build or import the kernels here, not at module import.
+        """
+        return None
+
+    def sampling_kernel(self) -> SamplingKernel | None:
+        """The platform's fused draw for sampled rows (see :class:`SamplingKernel`); ``None`` (the
+        default): core's PyTorch one (``kvserve.sampling.torch_kernel.TorchSamplingKernel``). A
+        platform whose kernel is unavailable here returns ``TorchSamplingKernel(reason=...)``.
+
+        Called once per engine; build or import the kernel here, not at module import.
         """
         return None

@@ -1,13 +1,14 @@
 """Picking the token: greedy argmax, or temperature, min-p, top-k, top-p and one draw per row.
 
 Every draw inverts the row's cumulative distribution at one uniform number, in token-id order (or
-best-first among a top-k's candidates): a softmax, a cumsum and a binary search, no per-element
-random numbers (``exponential_`` and ``multinomial`` cost 30-60x a softmax on a CPU) and no sort of
-the vocabulary. Top-p without top-k is exact by rejection: a token drawn from the min-p-truncated
-distribution is kept when the mass of the tokens strictly more likely than it is below ``top_p`` —
-exactly the nucleus — and drawn again otherwise; every nucleus holds at least ``top_p`` of the
-mass, so most rows settle in one round, and the few left after ``NUCLEUS_ROUNDS`` sort.
-Ties at the nucleus' edge are all kept.
+best-first among a top-k's candidates): a softmax, a cumsum and a search, no per-element random
+numbers (``exponential_`` and ``multinomial`` cost 30-60x a softmax on a CPU) and no sort of the
+vocabulary. Rows without a top-k are drawn by the platform's :class:`SamplingKernel` (one fused pass
+over each row on the CPU; core's PyTorch ops elsewhere). Top-p without top-k is exact by rejection:
+a token drawn from the min-p-truncated distribution is kept when the mass of the tokens strictly
+more likely than it is below ``top_p`` — exactly the nucleus — and drawn again otherwise; every
+nucleus holds at least ``top_p`` of the mass, so most rows settle in one round, and the few left
+after ``NUCLEUS_ROUNDS`` sort. Ties at the nucleus' edge are all kept.
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ import math
 
 import torch
 
+from kvserve.interfaces.sampling_kernel import SamplingKernel
 from kvserve.request import Request
 from kvserve.sampling.noise import NoiseSource
+from kvserve.sampling.torch_kernel import min_p_probs, search_cdf
 
 ARGMAX_CHUNK = 128
 ARGMAX_MIN_VOCAB = 8192
@@ -46,17 +49,15 @@ def row_argmax(x: torch.Tensor) -> torch.Tensor:
     return chunk * ARGMAX_CHUNK + x.gather(1, columns).argmax(dim=-1)
 
 
-def draw(logits: torch.Tensor, requests: list[Request], noise: NoiseSource) -> torch.Tensor:
+def draw(logits: torch.Tensor, requests: list[Request], noise: NoiseSource, kernel: SamplingKernel) -> torch.Tensor:
     """One token per row of float32 ``logits`` ``[rows, vocab]`` (already processed), by each row's
-    temperature, min-p, top-k and top-p; ``requests[i]`` owns row ``i``. Returns int64 ``[rows]``."""
+    temperature, min-p, top-k and top-p; ``requests[i]`` owns row ``i``. Rows without a top-k are drawn
+    by ``kernel``. Returns int64 ``[rows]``."""
     device, vocab = logits.device, logits.shape[1]
-    temperatures = [r.sampling_params.temperature for r in requests]
-    if any(t != 1.0 for t in temperatures):
-        logits = logits / torch.tensor(temperatures, device=device).unsqueeze(1)
     top_k = [min(r.sampling_params.top_k, vocab) if r.sampling_params.top_k > 0 else vocab for r in requests]
     narrow = [i for i, k in enumerate(top_k) if k < vocab]
     if not narrow:
-        return _draw_full(logits, requests, noise)
+        return _draw_full(logits, requests, noise, kernel)
     if len(narrow) == len(requests):
         return _draw_top_k(logits, requests, top_k, noise)
     tokens = torch.empty(len(requests), dtype=torch.long, device=device)
@@ -64,15 +65,16 @@ def draw(logits: torch.Tensor, requests: list[Request], noise: NoiseSource) -> t
     index = torch.tensor(narrow, device=device)
     tokens[index] = _draw_top_k(logits[index], [requests[i] for i in narrow], [top_k[i] for i in narrow], noise)
     index = torch.tensor(wide, device=device)
-    tokens[index] = _draw_full(logits[index], [requests[i] for i in wide], noise)
+    tokens[index] = _draw_full(logits[index], [requests[i] for i in wide], noise, kernel)
     return tokens
 
 
-def _draw_top_k(scaled: torch.Tensor, requests: list[Request], top_k: list[int], noise: NoiseSource) -> torch.Tensor:
+def _draw_top_k(logits: torch.Tensor, requests: list[Request], top_k: list[int], noise: NoiseSource) -> torch.Tensor:
     """Rows with a top-k: only the batch's widest ``k`` best candidates, best first, are looked at, so
     a row's draw does not depend on how wide its neighbours' top-k is."""
-    device = scaled.device
-    values, ids = scaled.topk(max(top_k), dim=-1)
+    device = logits.device
+    values, ids = logits.topk(max(top_k), dim=-1)
+    values = values / _per_row(requests, "temperature", device).unsqueeze(1)
     drop = torch.arange(values.shape[1], device=device) >= torch.tensor(top_k, device=device).unsqueeze(1)
     min_p = _log_min_p(requests, device)
     if min_p is not None:
@@ -86,33 +88,27 @@ def _draw_top_k(scaled: torch.Tensor, requests: list[Request], top_k: list[int],
     return ids.gather(1, choice.unsqueeze(1)).squeeze(1)
 
 
-def _draw_full(scaled: torch.Tensor, requests: list[Request], noise: NoiseSource) -> torch.Tensor:
-    """Rows without a top-k, over the whole vocabulary in token-id order."""
-    device = scaled.device
-    probs = scaled.softmax(dim=-1)
-    min_p = [r.sampling_params.min_p for r in requests]
-    if any(m > 0.0 for m in min_p):
-        floor = probs.amax(dim=-1, keepdim=True) * torch.tensor(min_p, device=device).unsqueeze(1)
-        probs = probs.masked_fill(probs < floor, 0.0)
-    cdf = probs.cumsum(dim=-1)
-    tokens = _search(probs, cdf, noise.uniform(requests, device))
-    nucleus = [i for i, r in enumerate(requests) if r.sampling_params.top_p < 1.0]
+def _draw_full(
+    logits: torch.Tensor, requests: list[Request], noise: NoiseSource, kernel: SamplingKernel
+) -> torch.Tensor:
+    """Rows without a top-k, over the whole vocabulary in token-id order: the kernel's draw, drawn
+    again for the rows it says fell outside their nucleus, and sorted after ``NUCLEUS_ROUNDS``."""
+    device = logits.device
+    temperature, min_p, top_p = (_per_row(requests, name, device) for name in ("temperature", "min_p", "top_p"))
+    tokens, inside = kernel.draw(logits, temperature, min_p, top_p, noise.uniform(requests, device))
+    unsettled = [row for row, ok in enumerate(inside.tolist()) if not ok]
     for _ in range(NUCLEUS_ROUNDS):
-        if not nucleus:
+        if not unsettled:
             return tokens
-        index = torch.tensor(nucleus, device=device)
-        rows = probs if len(nucleus) == len(requests) else probs[index]
-        chosen = rows.gather(1, tokens[index].unsqueeze(1))
-        above = (rows > chosen).mul(rows).sum(dim=-1)
-        limit = torch.tensor([requests[i].sampling_params.top_p for i in nucleus], device=device) * cdf[index, -1]
-        nucleus = [row for row, inside in zip(nucleus, (above < limit).tolist()) if not inside]
-        if nucleus:
-            index = torch.tensor(nucleus, device=device)
-            tokens[index] = _search(probs[index], cdf[index], noise.uniform([requests[i] for i in nucleus], device))
-    if nucleus:
-        index = torch.tensor(nucleus, device=device)
-        unsettled = [requests[i] for i in nucleus]
-        tokens[index] = _invert(nucleus_probs(probs[index], unsettled), noise.uniform(unsettled, device))
+        index = torch.tensor(unsettled, device=device)
+        uniform = noise.uniform([requests[i] for i in unsettled], device)
+        tokens[index], inside = kernel.draw(logits[index], temperature[index], min_p[index], top_p[index], uniform)
+        unsettled = [row for row, ok in zip(unsettled, inside.tolist()) if not ok]
+    if unsettled:
+        index = torch.tensor(unsettled, device=device)
+        rows = [requests[i] for i in unsettled]
+        probs = min_p_probs(logits[index], temperature[index], min_p[index])
+        tokens[index] = _invert(nucleus_probs(probs, rows), noise.uniform(rows, device))
     return tokens
 
 
@@ -130,19 +126,12 @@ def nucleus_probs(probs: torch.Tensor, requests: list[Request]) -> torch.Tensor:
 
 def _invert(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     """The column where each row's cumulative ``probs`` (unnormalized) passes ``uniform`` of its total."""
-    return _search(probs, probs.cumsum(dim=-1), uniform)
+    return search_cdf(probs, probs.cumsum(dim=-1), uniform)
 
 
-def _search(probs: torch.Tensor, cdf: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
-    """The first column whose ``cdf`` exceeds ``uniform * total``: a column with non-zero probability,
-    since the cdf only rises on those. A draw that rounds up to the total takes the last such column."""
-    target = (uniform * cdf[:, -1]).unsqueeze(1)
-    columns = torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_max_(cdf.shape[1] - 1)
-    empty = probs.gather(1, columns.unsqueeze(1)).squeeze(1) == 0
-    if empty.any():
-        last = probs.shape[1] - 1 - (probs.flip(1) > 0).int().argmax(dim=-1)
-        columns = torch.where(empty, last, columns)
-    return columns
+def _per_row(requests: list[Request], name: str, device: torch.device) -> torch.Tensor:
+    """The sampling parameter ``name`` of every request, as float32 ``[rows]``."""
+    return torch.tensor([getattr(r.sampling_params, name) for r in requests], dtype=torch.float32, device=device)
 
 
 def _log_min_p(requests: list[Request], device: torch.device) -> torch.Tensor | None:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kvserve.interfaces.sampling_kernel import SamplingKernel
 from kvserve.outputs import TokenLogprobs
 from kvserve.request import Request
 from kvserve.sampling.batch import SamplingBatch
@@ -17,6 +18,7 @@ from kvserve.sampling.penalties import PenaltiesStage
 from kvserve.sampling.request_processors import RequestLogitsProcessorsStage
 from kvserve.sampling.stage import SamplerStage
 from kvserve.sampling.token_filters import AllowedAndBadTokensStage, LogitBiasStage
+from kvserve.sampling.torch_kernel import TorchSamplingKernel
 
 
 @dataclass
@@ -52,11 +54,17 @@ class Sampler:
     """
 
     def __init__(
-        self, seed: int, stages: list[SamplerStage] | None = None, logprobs_mode: LogprobsMode = "raw_logprobs"
+        self,
+        seed: int,
+        stages: list[SamplerStage] | None = None,
+        logprobs_mode: LogprobsMode = "raw_logprobs",
+        kernel: SamplingKernel | None = None,
     ) -> None:
+        """``kernel``: the platform's draw for rows without a top-k (core's PyTorch one by default)."""
         self.noise = NoiseSource(seed)
         self.stages = default_stages() if stages is None else stages
         self.logprobs_mode = logprobs_mode
+        self.kernel = kernel or TorchSamplingKernel()
 
     def __call__(self, logits: torch.Tensor, requests: list[Request]) -> SamplerOutput:
         """``logits``: float32 ``[rows, vocab]``, row ``i`` belonging to ``requests[i]``."""
@@ -66,11 +74,11 @@ class Sampler:
         if not sampled:
             tokens = row_argmax(logits)
         elif len(sampled) == len(requests):
-            tokens = draw(logits, requests, self.noise)
+            tokens = draw(logits, requests, self.noise, self.kernel)
         else:
             tokens = row_argmax(logits)
             index = torch.tensor(sampled, device=logits.device)
-            tokens[index] = draw(logits[index], [requests[i] for i in sampled], self.noise)
+            tokens[index] = draw(logits[index], [requests[i] for i in sampled], self.noise, self.kernel)
         logprobs = None
         if batch.wants_logprobs:
             top_ns = [r.sampling_params.logprobs or 0 for r in requests]

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import psutil
 import torch
 
-from kvserve.interfaces import DeviceCapability, LayerOps, LinearKernel, Platform
+from kvserve.interfaces import DeviceCapability, LayerOps, LinearKernel, Platform, SamplingKernel
 from kvserve.native import cpu_name_and_flags
 from kvserve_platform_cpu.cpu_info import native_bf16_feature
 
@@ -77,3 +77,9 @@ class CpuPlatform(Platform):
         from kvserve_platform_cpu.native_layer_ops import cpu_layer_ops
 
         return cpu_layer_ops()
+
+    def sampling_kernel(self) -> SamplingKernel:
+        """The fused C++ draw, built on first use; PyTorch's (saying why) where it cannot be built."""
+        from kvserve_platform_cpu.native_sampling import cpu_sampling_kernel
+
+        return cpu_sampling_kernel()

@@ -9,7 +9,10 @@ from typing import ClassVar
 import pytest
 import torch
 
-from kvserve.interfaces import DeviceCapability, Platform
+from kvserve.interfaces import DeviceCapability, Platform, SamplingKernel
+from kvserve.request import Request
+from kvserve.sampling import Sampler
+from kvserve.sampling_params import SamplingParams
 from kvserve.testing.contracts._base import ComponentContract
 
 
@@ -34,7 +37,11 @@ class PlatformContract(ComponentContract):
       is set aside;
     - ``synchronize`` works, the distributed backend exists in this torch, and
       ``seed_everything`` makes torch and ``random`` reproducible (same seed, same numbers;
-      another seed, other numbers).
+      another seed, other numbers);
+    - a ``sampling_kernel()``, where the platform has one, draws the token where each row's
+      cumulative distribution (float64) passes the uniform number, only tokens with probability,
+      and answers the top-p question as the float64 masses do (up to float32 rounding); drawn
+      through the sampler, tokens follow the truncated distribution.
     """
 
     kind = "platform"
@@ -167,3 +174,79 @@ class PlatformContract(ComponentContract):
         first, again, other = draw(1234), draw(1234), draw(4321)
         assert first == again, "seed_everything(1234) twice gave different random numbers"
         assert first[0] != other[0] and first[1] != other[1], "seed_everything(4321) gave the numbers of seed 1234"
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def sampling_kernel(cls, instance) -> SamplingKernel:
+        """The platform's own sampling kernel (skipped, saying so, for a platform that has none)."""
+        kernel = instance.sampling_kernel()
+        if kernel is None:
+            pytest.skip("this platform has no sampling kernel of its own (core's PyTorch one is used)")
+        assert isinstance(kernel, SamplingKernel), f"sampling_kernel() returned {kernel!r}, not a SamplingKernel"
+        return kernel
+
+    @pytest.mark.parametrize("vocab", [1, 7, 300, 1000, 32003])
+    def test_sampling_kernel_draws_where_the_cumulative_distribution_passes_the_draw(
+        self, instance, sampling_kernel, vocab
+    ):
+        """Rows of every temperature, min-p and top-p, some with masked (``-inf``) tokens, and uniform
+        numbers from 0 to just below 1, against the exact answer in float64."""
+        device, gen = instance.device(), torch.Generator().manual_seed(vocab)
+        rows = 64
+        logits = torch.randn(rows, vocab, generator=gen) * torch.linspace(0.1, 8.0, rows).unsqueeze(1)
+        logits[::3][torch.rand(logits[::3].shape, generator=gen) < 0.5] = float("-inf")
+        logits[:, 0] = logits[:, 0].clamp_min(-1e4)  # every row keeps a finite token
+        temperature = torch.linspace(0.2, 1.5, rows)
+        min_p = torch.tensor([0.0, 0.05, 0.3, 0.0])[torch.arange(rows) % 4]
+        top_p = torch.tensor([1.0, 0.9, 0.5, 0.99, 0.1])[torch.arange(rows) % 5]
+        uniform = torch.rand(rows, generator=gen)
+        uniform[:4] = torch.tensor([0.0, 1e-9, 1 - 2**-24, 0.5])
+        args = [t.to(device) for t in (logits, temperature, min_p, top_p, uniform)]
+        tokens, inside = sampling_kernel.draw(*args)
+        assert tokens.shape == inside.shape == (rows,) and tokens.dtype == torch.int64 and inside.dtype == torch.bool, (
+            f"draw() returned {tokens.dtype} {tuple(tokens.shape)} and {inside.dtype} {tuple(inside.shape)}; "
+            f"expected int64 and bool of shape ({rows},)"
+        )
+        probs = (logits.double() / temperature.double().unsqueeze(1)).softmax(dim=-1)
+        probs[probs < probs.amax(dim=-1, keepdim=True) * min_p.double().unsqueeze(1)] = 0
+        for row, (token, ok) in enumerate(zip(tokens.tolist(), inside.tolist())):
+            p, total = probs[row], float(probs[row].sum())
+            assert 0 <= token < vocab and p[token] > 0, (
+                f"row {row}: draw() chose token {token}, which has no probability after min_p={float(min_p[row])}"
+            )
+            before, target = float(p[:token].sum()), float(uniform[row]) * total
+            slack = 1e-5 * total
+            assert before - slack <= target <= before + float(p[token]) + slack, (
+                f"row {row}: token {token} covers the cumulative mass [{before / total:.6f}, "
+                f"{(before + float(p[token])) / total:.6f}], which does not hold the draw {float(uniform[row]):.6f}"
+            )
+            above, limit = float(p[p > p[token]].sum()), float(top_p[row]) * total
+            if abs(above - limit) > slack:
+                assert ok == (above < limit), (
+                    f"row {row}: inside={ok} for token {token}, but the mass above it is {above / total:.6f} "
+                    f"of the row against top_p={float(top_p[row])}"
+                )
+
+    @pytest.mark.parametrize("params", [{"temperature": 0.8, "top_p": 0.9, "min_p": 0.05}, {"temperature": 1.0}])
+    def test_sampling_kernel_draws_through_the_sampler_follow_the_distribution(self, instance, sampling_kernel, params):
+        """20,000 draws of one row through the sampler with the platform's kernel: within sampling
+        noise of the truncated distribution (total variation below 0.03 over 40 tokens), never outside it."""
+        device, vocab, rows = instance.device(), 40, 2000
+        logits = (torch.randn(1, vocab, generator=torch.Generator().manual_seed(1)) * 2).to(device)
+        probs = (logits[0].double().cpu() / params["temperature"]).softmax(-1)
+        probs[probs < probs.max() * params.get("min_p", 0.0)] = 0
+        values = probs.sort(descending=True).values
+        kept = values[(values.cumsum(0) - values) < params.get("top_p", 1.0) * probs.sum()]
+        probs[probs < kept.min()] = 0
+        expected = probs / probs.sum()
+        sampler = Sampler(3, kernel=sampling_kernel)
+        requests = [Request(f"r{i}", [0], SamplingParams(max_tokens=1, **params), ()) for i in range(rows)]
+        counts = torch.zeros(vocab, dtype=torch.float64)
+        for _ in range(10):
+            tokens = torch.tensor(sampler(logits.expand(rows, vocab), requests).tokens)
+            counts += torch.bincount(tokens, minlength=vocab).double()
+        observed = counts / counts.sum()
+        outside = set(observed.nonzero().flatten().tolist()) - set(expected.nonzero().flatten().tolist())
+        assert not outside, f"tokens {sorted(outside)} were drawn though {params} gives them no probability"
+        distance = 0.5 * float((observed - expected).abs().sum())
+        assert distance < 0.03, f"the draws' total variation from the distribution of {params} is {distance:.3f}"
