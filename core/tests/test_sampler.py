@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from transformers import RepetitionPenaltyLogitsProcessor
 
 from kvserve.request import Request
-from kvserve.sampling import Sampler, row_argmax
+from kvserve.sampling import Sampler, row_argmax, row_topk
 from kvserve.sampling_params import SamplingParams
 
 VOCAB = 12
@@ -237,6 +237,29 @@ def test_row_argmax_is_torch_argmax(rows, vocab, levels, specials, seed):
     for value in specials:
         x[torch.randint(0, rows, (1,), generator=generator), torch.randint(0, vocab, (1,), generator=generator)] = value
     assert torch.equal(row_argmax(x), x.argmax(dim=-1))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rows=st.integers(1, 5),
+    vocab=st.sampled_from([1, 50, 1000, 6400, 6401, 8192, 8230, 12345]),
+    k=st.sampled_from([1, 5, 20, 50]),
+    levels=st.sampled_from([3, 1000, 10**6]),
+    specials=st.lists(st.sampled_from([float("inf"), float("-inf")]), max_size=3),
+    seed=st.integers(0, 2**16),
+)
+def test_row_topk_finds_torch_topks_values(rows, vocab, k, levels, specials, seed):
+    """Any vocabulary (whole chunks or a tail), ties, infinities: the same values as ``torch.topk``,
+    best first, each at a distinct column that holds it."""
+    k = min(k, vocab)
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, levels, (rows, vocab), generator=generator).float()
+    for value in specials:
+        x[torch.randint(0, rows, (1,), generator=generator), torch.randint(0, vocab, (1,), generator=generator)] = value
+    values, columns = row_topk(x, k)
+    assert torch.equal(values, x.topk(k, dim=-1).values)
+    assert torch.equal(x.gather(1, columns), values)
+    assert all(len(set(row)) == k for row in columns.tolist())
 
 
 def reference_distribution(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):

@@ -24,6 +24,7 @@ from kvserve.sampling.torch_kernel import min_p_probs, search_cdf
 
 ARGMAX_CHUNK = 128
 ARGMAX_MIN_VOCAB = 8192
+TOPK_CHUNK = 64
 NUCLEUS_ROUNDS = 3
 """Rejection rounds before the rows still unsettled sort (each round settles a row with odds >= top_p)."""
 
@@ -47,6 +48,28 @@ def row_argmax(x: torch.Tensor) -> torch.Tensor:
     chunk = maxima.argmax(dim=-1)
     columns = (chunk[:, None] * ARGMAX_CHUNK + torch.arange(ARGMAX_CHUNK, device=x.device)).clamp_max_(vocab - 1)
     return chunk * ARGMAX_CHUNK + x.gather(1, columns).argmax(dim=-1)
+
+
+def row_topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x.topk(k, dim=-1)`` of a 2-D ``x`` (values best first, their columns), found among the ``k``
+    chunks with the highest maxima: ATen's CPU topk walks the whole row (2.6 ms for 32 rows of a 49k
+    vocabulary and k = 50 on one core; this, 1.4 ms; k = 5: 2.0 vs 0.46 ms).
+
+    Exact: a chunk whose maximum is below the ``k``-th highest chunk maximum holds nothing above the
+    ``k`` values those chunks' maxima are. The columns after the last whole chunk are always looked
+    at. Among tied values the columns returned may differ from ``x.topk``'s (neither promises one).
+    """
+    vocab = x.shape[1]
+    if 2 * k * TOPK_CHUNK > vocab:
+        return x.topk(k, dim=-1)
+    whole = vocab // TOPK_CHUNK * TOPK_CHUNK
+    _, chunks = x[:, :whole].unflatten(1, (-1, TOPK_CHUNK)).amax(dim=-1).topk(k, dim=-1)
+    columns = (chunks.unsqueeze(-1) * TOPK_CHUNK + torch.arange(TOPK_CHUNK, device=x.device)).flatten(1)
+    if whole < vocab:
+        tail = torch.arange(whole, vocab, device=x.device).expand(x.shape[0], -1)
+        columns = torch.cat([columns, tail], dim=1)
+    values, picked = x.gather(1, columns).topk(k, dim=-1)
+    return values, columns.gather(1, picked)
 
 
 def draw(logits: torch.Tensor, requests: list[Request], noise: NoiseSource, kernel: SamplingKernel) -> torch.Tensor:
@@ -73,7 +96,7 @@ def _draw_top_k(logits: torch.Tensor, requests: list[Request], top_k: list[int],
     """Rows with a top-k: only the batch's widest ``k`` best candidates, best first, are looked at, so
     a row's draw does not depend on how wide its neighbours' top-k is."""
     device = logits.device
-    values, ids = logits.topk(max(top_k), dim=-1)
+    values, ids = row_topk(logits, max(top_k))
     values = values / _per_row(requests, "temperature", device).unsqueeze(1)
     drop = torch.arange(values.shape[1], device=device) >= torch.tensor(top_k, device=device).unsqueeze(1)
     min_p = _log_min_p(requests, device)

@@ -8,7 +8,7 @@ import torch
 
 from kvserve.outputs import Logprob, TokenLogprobs
 from kvserve.request import Request
-from kvserve.sampling.draw import nucleus_probs
+from kvserve.sampling.draw import nucleus_probs, row_topk
 
 LogprobsMode = Literal["raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits"]
 """As vLLM's ``logprobs_mode``: the model's distribution before any processing (raw) or the one the
@@ -37,13 +37,15 @@ def token_logprobs(values: torch.Tensor, targets: torch.Tensor, top_ns: list[int
     """Per row of ``values`` (log-probabilities or logits): ``targets[row]``'s value and rank plus the top
     ``top_ns[row]``."""
     chosen = values.gather(1, targets.unsqueeze(1)).squeeze(1)
-    ranks = (values > chosen.unsqueeze(1)).sum(dim=-1) + 1
+    ranks = (values > chosen.unsqueeze(1)).sum(dim=-1, dtype=torch.int32) + 1  # int32: no int64 copy of the mask
     widest = max(top_ns, default=0)
-    top_values, top_ids = values.topk(widest, dim=-1) if widest else (None, None)
+    top_values, top_ids = row_topk(values, widest) if widest else (values[:, :0], targets[:, None][:, :0])
+    # one host copy of each: reading the tensors element by element cost more than the topk
+    rows = zip(targets.tolist(), chosen.tolist(), ranks.tolist(), top_values.tolist(), top_ids.tolist(), top_ns)
     result = []
-    for row, top_n in enumerate(top_ns):
-        entry = {int(targets[row]): Logprob(float(chosen[row]), int(ranks[row]))}
-        for rank in range(top_n):
-            entry.setdefault(int(top_ids[row, rank]), Logprob(float(top_values[row, rank]), rank + 1))
+    for target, value, rank, best_values, best_ids, top_n in rows:
+        entry = {target: Logprob(value, rank)}
+        for place in range(top_n):
+            entry.setdefault(best_ids[place], Logprob(best_values[place], place + 1))
         result.append(entry)
     return result

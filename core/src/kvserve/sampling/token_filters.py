@@ -19,15 +19,22 @@ class AllowedAndBadTokensStage(SamplerStage):
         return any(r.sampling_params.allowed_token_ids is not None or banned_tokens(r) for r in batch.requests)
 
     def apply(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        allowed_rows, allowed_cols, banned_rows, banned_cols = [], [], [], []
         for row, request in enumerate(batch.requests):
             allowed = request.sampling_params.allowed_token_ids
             if allowed is not None:
-                keep = logits[row, allowed]
-                logits[row] = float("-inf")
-                logits[row, allowed] = keep
+                allowed_rows += [row] * len(allowed)
+                allowed_cols += allowed
             banned = banned_tokens(request)
-            if banned:
-                logits[row, banned] = float("-inf")
+            banned_rows += [row] * len(banned)
+            banned_cols += banned
+        if allowed_rows:  # one indexed write each, not one per row
+            at = (batch.tensor(allowed_rows, torch.long), batch.tensor(allowed_cols, torch.long))
+            keep = logits[at]
+            logits[at[0].unique()] = float("-inf")
+            logits[at] = keep
+        if banned_rows:
+            logits[batch.tensor(banned_rows, torch.long), batch.tensor(banned_cols, torch.long)] = float("-inf")
         return logits
 
 
@@ -40,11 +47,14 @@ class LogitBiasStage(SamplerStage):
         return any(r.sampling_params.logit_bias for r in batch.requests)
 
     def apply(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        rows, cols, values = [], [], []
         for row, request in enumerate(batch.requests):
             bias = request.sampling_params.logit_bias
-            if bias:
-                ids = torch.tensor(list(bias), dtype=torch.long, device=logits.device)
-                logits[row, ids] += torch.tensor(list(bias.values()), dtype=logits.dtype, device=logits.device)
+            rows += [row] * len(bias)
+            cols += list(bias)
+            values += list(bias.values())
+        at = (batch.tensor(rows, torch.long), batch.tensor(cols, torch.long))
+        logits.index_put_(at, batch.tensor(values, logits.dtype), accumulate=True)
         return logits
 
 
