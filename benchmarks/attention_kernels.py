@@ -6,7 +6,14 @@ platform's first-choice backend (on a CPU: ``cpu``, with its C++ kernel and, A/B
 fallback). ``build_metadata`` (host planning, once per step) and ``forward`` (one layer) are timed
 separately; ``forward`` as wall-clock and as this process's CPU time (steadier on a shared machine).
 
-    python benchmarks/attention_kernels.py [--json out.json] [--dtype float32]
+    python benchmarks/attention_kernels.py [--json out.json] [--dtype float32] [--heads 32,8,64]
+        [--lookahead 1,3,7] [--contexts 500,2000] [--decodes-only]
+
+``--lookahead K,...`` follows each decode case with the same sequences and contexts queried with
+1 + K tokens (speculative decoding's verification step; phase "lookahead"), each row also giving
+its time over the decode's (``vs_decode``): K/V are read once for all rows, so a kernel whose fast
+path serves such steps stays near 1. ``--contexts`` gives the decode cases these fixed cached
+lengths instead; ``--decodes-only`` drops the prefill cases.
 """
 
 from __future__ import annotations
@@ -58,19 +65,23 @@ def first_platform():
     raise SystemExit(f"no usable platform ({'; '.join(reasons)})")
 
 
-def timed(fn, sync, iters: int) -> tuple[float, float]:
-    """Median wall-clock and process-CPU milliseconds of ``fn`` over ``iters`` runs after two warm-ups."""
+def timed(fns, sync, iters: int) -> list[tuple[float, float]]:
+    """Median wall-clock and process-CPU milliseconds of each of ``fns`` over ``iters`` rounds after
+    two warm-ups; each round runs every function once, in turn, so that a busy spell on a shared
+    machine lands on all of them rather than on whichever ran then."""
     for _ in range(2):
-        fn()
+        for fn in fns:
+            fn()
     sync()
-    wall, cpu = [], []
+    wall, cpu = [[] for _ in fns], [[] for _ in fns]
     for _ in range(iters):
-        start, start_cpu = time.perf_counter(), time.process_time()
-        fn()
-        sync()
-        wall.append((time.perf_counter() - start) * 1e3)
-        cpu.append((time.process_time() - start_cpu) * 1e3)
-    return statistics.median(wall), statistics.median(cpu)
+        for i, fn in enumerate(fns):
+            start, start_cpu = time.perf_counter(), time.process_time()
+            fn()
+            sync()
+            wall[i].append((time.perf_counter() - start) * 1e3)
+            cpu[i].append((time.process_time() - start_cpu) * 1e3)
+    return [(statistics.median(w), statistics.median(c)) for w, c in zip(wall, cpu)]
 
 
 def variants(cls) -> list[tuple[str, type]]:
@@ -79,6 +90,21 @@ def variants(cls) -> list[tuple[str, type]]:
     if not getattr(cls, "native", False):
         return [("", cls)]
     return [("native", cls), ("pytorch", type(f"{cls.__name__}PyTorch", (cls,), {"native": False}))]
+
+
+def lookahead_cases(cases: list[tuple], lookahead: list[int], contexts: list[int] | None, decodes_only: bool):
+    """The cases to time: each decode case (once per context of ``contexts`` where given) followed by
+    its lookahead cases (the same sequences and contexts, 1 + k new tokens for k in ``lookahead``)."""
+    out = []
+    for phase, num_seqs, context, new in cases:
+        if phase != "decode":
+            if not decodes_only:
+                out.append((phase, num_seqs, context, new))
+            continue
+        for cached in contexts or [context]:
+            out.append((phase, num_seqs, cached, new))
+            out += [("lookahead", num_seqs, cached, 1 + k) for k in lookahead]
+    return out
 
 
 def bench_backend(cls, platform, shapes, iters: int) -> list[dict]:
@@ -92,31 +118,37 @@ def bench_backend(cls, platform, shapes, iters: int) -> list[dict]:
     if reasons:
         return [{"backend": cls.name, "skipped": "; ".join(reasons)}]
     rows = []
-    for phase, num_seqs, context, new in shapes["cases"]:
-        gen = torch.Generator().manual_seed(0)
-        contexts = (
-            [context] * num_seqs
-            if isinstance(context, int)
-            else torch.randint(*context, (num_seqs,), generator=gen).tolist()
-        )
-        blocks_each = [-(-(c + new) // spec.block_size) for c in contexts]
-        num_blocks = sum(blocks_each) + 1
-        free = (torch.randperm(num_blocks - 1, generator=gen) + 1).tolist()
-        order = [[free.pop() for _ in range(n)] for n in blocks_each]
-        batch = build_batch(order, contexts, [new] * num_seqs, spec.block_size, device)
-        query = torch.randn(batch.num_tokens, heads, head_dim, generator=gen).to(dtype).to(device)
-        for kernel, variant in variants(cls):
-            backend = variant(spec)
-            if getattr(backend, "fallback_reason", None) is not None:  # no C++ kernel here: say so
-                kernel = "pytorch"
-            (cache,) = backend.allocate_kv_cache(num_blocks)
-            cache.normal_()
-            metadata = backend.build_metadata(batch)
-            forward_ms, forward_cpu_ms = timed(
-                partial(backend.forward, query, cache, metadata, 0), platform.synchronize, iters
+    groups: list[list[tuple]] = []  # a decode and its lookahead cases are timed together
+    for case in shapes["cases"]:
+        if case[0] == "lookahead" and groups:
+            groups[-1].append(case)
+        else:
+            groups.append([case])
+    for group in groups:
+        runs = []  # (row, forward, build_metadata) per case and kernel
+        for phase, num_seqs, context, new in group:
+            gen = torch.Generator().manual_seed(0)
+            contexts = (
+                [context] * num_seqs
+                if isinstance(context, int)
+                else torch.randint(*context, (num_seqs,), generator=gen).tolist()
             )
-            rows.append(
-                {
+            blocks_each = [-(-(c + new) // spec.block_size) for c in contexts]
+            num_blocks = sum(blocks_each) + 1
+            free = (torch.randperm(num_blocks - 1, generator=gen) + 1).tolist()
+            order = [[free.pop() for _ in range(n)] for n in blocks_each]
+            batch = build_batch(order, contexts, [new] * num_seqs, spec.block_size, device)
+            query = torch.randn(batch.num_tokens, heads, head_dim, generator=gen).to(dtype).to(device)
+            cache = None  # one cache per case: the variants share its layout
+            for kernel, variant in variants(cls):
+                backend = variant(spec)
+                if getattr(backend, "fallback_reason", None) is not None:  # no C++ kernel here: say so
+                    kernel = "pytorch"
+                if cache is None:
+                    (cache,) = backend.allocate_kv_cache(num_blocks)
+                    cache.normal_()
+                metadata = backend.build_metadata(batch)
+                row = {
                     "backend": cls.name,
                     "kernel": kernel,
                     "phase": phase,
@@ -124,12 +156,29 @@ def bench_backend(cls, platform, shapes, iters: int) -> list[dict]:
                     "cached_tokens": context,
                     "new_tokens": new,
                     "block_size": spec.block_size,
-                    "metadata_ms": timed(partial(backend.build_metadata, batch), platform.synchronize, iters)[0],
-                    "forward_ms": forward_ms,
-                    "forward_cpu_ms": forward_cpu_ms,
                 }
-            )
+                runs.append(
+                    (row, partial(backend.forward, query, cache, metadata, 0), partial(backend.build_metadata, batch))
+                )
+        forwards = timed([forward for _, forward, _ in runs], platform.synchronize, iters)
+        metadata_ms = timed([build for _, _, build in runs], platform.synchronize, iters)
+        decode_ms = {}  # kernel -> the group's decode's forward_ms
+        for (row, _, _), (forward_ms, forward_cpu_ms), (build_ms, _) in zip(runs, forwards, metadata_ms):
+            row.update(metadata_ms=build_ms, forward_ms=forward_ms, forward_cpu_ms=forward_cpu_ms)
+            if row["phase"] == "decode":
+                decode_ms[row["kernel"]] = forward_ms
+            elif row["phase"] == "lookahead" and row["kernel"] in decode_ms:
+                row["vs_decode"] = forward_ms / decode_ms[row["kernel"]]
+            rows.append(row)
     return rows
+
+
+def int_list(text: str) -> list[int]:
+    """``"1,3,7"`` -> ``[1, 3, 7]`` (argparse's type for the comma-separated options)."""
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
 def main() -> None:
@@ -137,11 +186,22 @@ def main() -> None:
     parser.add_argument("--json", help="also write the results to this file")
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--dtype", help="instead of the platform's default (cuda: float16, cpu: bfloat16)")
+    parser.add_argument("--heads", type=int_list, help="query heads, KV heads, head size (e.g. 32,8,64)")
+    parser.add_argument("--lookahead", type=int_list, default=[], help="k,...: decodes also with 1 + k query tokens")
+    parser.add_argument("--contexts", type=int_list, help="cached tokens of the decode cases, one case each")
+    parser.add_argument("--decodes-only", action="store_true", help="leave out the prefill cases")
     args = parser.parse_args()
+    if args.heads is not None and len(args.heads) != 3:
+        parser.error("--heads: three numbers (query heads, KV heads, head size)")
+    if any(k < 1 for k in args.lookahead):
+        parser.error("--lookahead: each k is at least 1 (the 1 + k query tokens of a verification step)")
     platform = first_platform()
     shapes = dict(SHAPES["cuda" if platform.device_type == "cuda" else "cpu"])
     if args.dtype:
         shapes["dtype"] = args.dtype
+    if args.heads:
+        shapes["heads"] = tuple(args.heads)
+    shapes["cases"] = lookahead_cases(shapes["cases"], args.lookahead, args.contexts, args.decodes_only)
     results = {"platform": platform.name, "dtype": shapes["dtype"], "heads": shapes["heads"], "rows": []}
     if platform.device_type == "cuda":
         names = get_plugin_manager().registry("attention_backend").names()
@@ -163,10 +223,11 @@ def main() -> None:
             cached = row["cached_tokens"]
             cached = f"{cached[0]}-{cached[1]}" if isinstance(cached, (list, tuple)) else cached
             shape = f"{row['sequences']} x ({cached} cached + {row['new_tokens']} new)"
+            ratio = f"  {row['vs_decode']:5.2f}x decode" if "vs_decode" in row else ""
             print(
-                f"  {row['backend']:>12} {row['kernel']:<8} {row['phase']:<7} {shape:<28} forward "
+                f"  {row['backend']:>12} {row['kernel']:<8} {row['phase']:<9} {shape:<28} forward "
                 f"{row['forward_ms']:8.3f} ms ({row['forward_cpu_ms']:8.3f} ms CPU)"
-                f"   build_metadata {row['metadata_ms']:7.3f} ms"
+                f"   build_metadata {row['metadata_ms']:7.3f} ms{ratio}"
             )
     if args.json:
         with open(args.json, "w") as f:

@@ -47,3 +47,23 @@ def test_generated_contract_module_runs_what_is_installed_and_names_what_is_not(
     assert missing["skipped"] == 1 and "unknown attention backend 'no_such_backend'" in missing["notes"][0]
     text = script.summary("a test device", run)
     assert "ALL PASSED" in text and "TestAttentionBackend_cpu" in text and "no_such_backend" in text
+
+
+def test_summary_gives_each_backends_lookahead_step_against_its_decode(tmp_path):
+    """The benchmark step runs with ``--lookahead``; the summary lists each backend's 1 + k step
+    with its ratio to the decode, and leaves out rows without one (decodes, skipped backends)."""
+    script = load_script()
+    bench = {
+        "rows": [
+            {"backend": "flash_attn", "phase": "decode", "sequences": 64, "cached_tokens": 2048, "new_tokens": 1,
+             "forward_ms": 0.5},
+            {"backend": "flash_attn", "phase": "lookahead", "sequences": 64, "cached_tokens": 2048,
+             "new_tokens": 1 + script.LOOKAHEAD, "forward_ms": 0.6, "vs_decode": 1.2},
+            {"backend": "flashinfer", "skipped": "no flashinfer"},
+        ]
+    }  # fmt: skip
+    text = script.summary("a test device", script.Run(tmp_path, budget=1), bench)
+    assert f"(1 + {script.LOOKAHEAD} query tokens) vs a decode" in text
+    (line,) = [line for line in text.splitlines() if "the decode" in line]
+    assert "flash_attn" in line and "64 x (2048 cached + 4 new)" in line and "1.20x the decode" in line
+    assert "--lookahead" in script.__doc__

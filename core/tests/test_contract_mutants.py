@@ -27,6 +27,7 @@ SUBJECTS = {
     "TestCausalOffByOne": ("AttentionBackendContract", "mutant_attention", "CausalOffByOne"),
     "TestGqaTiledHeads": ("AttentionBackendContract", "mutant_attention", "GqaTiledHeads"),
     "TestWindowOffByOne": ("AttentionBackendContract", "mutant_attention", "WindowOffByOne"),
+    "TestLookaheadSeesAhead": ("AttentionBackendContract", "mutant_attention", "LookaheadSeesAhead"),
     "TestRealCpuBackend": ("AttentionBackendContract", "kvserve_attention_cpu.backend", "CpuAttentionBackend"),
     "TestOverBudget": ("SchedulerContract", "mutant_scheduler", "OverBudget"),
     "TestLeaksOnAbort": ("SchedulerContract", "mutant_scheduler", "LeaksOnAbort"),
@@ -114,6 +115,21 @@ def test_attention_mutant_mapping_gqa_heads_wrong_is_caught(outcomes):
         assert "GQA maps query head h to KV head h % num_kv_heads instead of h // " in message, message
 
 
+def test_attention_mutant_without_causality_among_a_short_querys_rows_is_caught(outcomes):
+    failed = failures(outcomes, "TestLookaheadSeesAhead")
+    lookahead = {t: m for t, m in failed.items() if t.startswith("test_short_multi_token_queries_over_long_contexts")}
+    assert set(lookahead) == {
+        "test_short_multi_token_queries_over_long_contexts[plain-float32]",
+        "test_short_multi_token_queries_over_long_contexts[window-softcap-float32]",
+    }, list(failed)
+    assert (
+        "queries see later tokens of their sequence"
+        in lookahead["test_short_multi_token_queries_over_long_contexts[plain-float32]"]
+    )
+    for message in lookahead.values():
+        assert "chunked prefill of 2 after 319 cached" in message and "decode of" not in message, message
+
+
 def test_attention_mutant_with_sliding_window_off_by_one_is_caught(outcomes):
     failed = failures(outcomes, "TestWindowOffByOne")
     assert set(failed) >= {
@@ -121,11 +137,16 @@ def test_attention_mutant_with_sliding_window_off_by_one_is_caught(outcomes):
         "test_layer_facts_match_reference[window-softcap-mixed-gqa-d64-bs3-float32]",
         "test_layers_of_different_kinds_share_one_metadata",
     }, list(failed)
-    assert all(t.startswith(("test_layer_facts_match_reference[window", "test_layers_of_")) for t in failed), (
+    window_tests = (
+        "test_layer_facts_match_reference[window",
+        "test_layers_of_",
+        "test_short_multi_token_queries_over_long_contexts[window",
+    )
+    assert all(t.startswith(window_tests) for t in failed), (
         f"only layers with a sliding window are affected: {list(failed)}"
     )
     for test, message in failed.items():
-        if test.startswith("test_layer_facts_match_reference[window-mixed"):
+        if test.startswith(("test_layer_facts_match_reference[window-mixed", "test_short_multi_token_queries")):
             assert "sliding window is off by one: each query also sees the key sliding_window positions back" in (
                 message
             ), message

@@ -63,3 +63,18 @@ class GqaTiledHeads(CpuAttentionBackend):
     def _tile(self, keys, values):
         group = self.spec.num_heads // self.spec.num_kv_heads
         return keys.repeat(1, group, 1, 1), values.repeat(1, group, 1, 1)
+
+
+class LookaheadSeesAhead(CpuAttentionBackend):
+    """A verification step's short query (2 to 8 tokens after cached ones) attends without causality
+    among its own rows: each row also sees the step's later tokens."""
+
+    name = "cpu_lookahead_sees_ahead"
+    native = False  # the bug is in the PyTorch path, which the C++ kernel would bypass
+
+    def _prefill_mask(self, seq_len: int, q_len: int, layer) -> torch.Tensor | None:
+        mask = super()._prefill_mask(seq_len, q_len, layer)
+        if 1 < q_len <= 8 and seq_len > q_len:
+            mask = mask.clone()
+            mask[:, seq_len - q_len :] = True
+        return mask

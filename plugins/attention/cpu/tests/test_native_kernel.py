@@ -1,6 +1,7 @@
 """The C++ paged attention operator against the float64 reference: dtypes, GQA/MQA, sliding
 windows, soft-caps, block-boundary lengths, mixed batches, prefill rows scored against packed key
-tiles, and long decodes and short chunks over long contexts split across threads;
+tiles, long decodes and short chunks over long contexts split across threads, and verification
+steps (1 + k rows) beside decodes;
 the cache-write operator against ``index_copy_``."""
 
 import dataclasses
@@ -110,6 +111,25 @@ def test_short_chunks_over_long_contexts_split_into_key_slices(dtype, window):
             check(case, layer, dtype, run_kernel(case, layer, dtype))
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("window", [None, 300])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_verification_steps_beside_decodes_over_long_contexts(dtype, window, threads):
+    """Speculative decoding's verification step: 1 + k rows (k = 1..7) after hundreds of keys, causal
+    among themselves, beside decodes over as many keys (their windows of keys span several L2
+    windows); GQA groups of 4; on one thread, and on two where few items get their keys sliced."""
+    seqs = [(301 + 97 * k, 1 + k) for k in range(1, 8)] + [(1100, 1), (650, 1), (1500, 1)]
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for batch in (seqs, seqs[2:4]):
+            case = in_dtype(make_paged_case(batch, 16, 4, 64, 16, seed=len(batch)), dtype)
+            layer = LayerAttentionSpec(0.125, sliding_window=window, logits_soft_cap=20.0 if window else None)
+            check(case, layer, dtype, run_kernel(case, layer, dtype))
+    finally:
+        torch.set_num_threads(previous)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

@@ -10,8 +10,8 @@
 // query_start_loc[num_seqs] (padding) are untouched.
 // kv_cache is (2, num_blocks, block_size, kv_heads, head_dim), K then V, read where it lies: no
 // gather, no padding to the longest sequence. Scores, softmax and the output accumulate in float32
-// for float32, bfloat16 and float16 inputs (two passes over a window of keys, whose scores a
-// per-thread buffer keeps; a prefill's rows share each window, merging their windows as they go).
+// for float32, bfloat16 and float16 inputs (two passes over an L2-sized window of keys, whose scores
+// a per-thread buffer keeps; an item's rows share each window, merging their windows as they go).
 // A prefill item's rows score a window against keys transposed 32 at a time (a register tile of
 // rows x keys) where enough rows and heads share them; decodes and short items score row by row.
 // Work is one (sequence, query rows) item over every head, or, for a long decode or a short chunk
@@ -24,7 +24,14 @@
 // q·k 16 keys at a time with one transpose-add reduction, and p·V keeps a GQA group's (or a tile's
 // pairs') accumulators in registers so each value row is converted once for all of them; other
 // dtypes, head sizes and CPUs take portable loops the compiler vectorizes. Prefill rows score packed
-// key tiles on both (AVX2: float32 tiles, bfloat16 keys widened as they are packed).
+// key tiles on both (AVX2: float32 tiles, bfloat16 keys widened as they are packed). No AMX.
+// A speculative decoding verification step (1 + k rows after a long context, k <= 7) is a short item:
+// its rows share each window, so K/V come from memory once for all of them, and what grows with k
+// is the arithmetic, every row's q.k and p.V multiply-adds (4-6 per key, head and row; the loops run
+// at this CPU's FMA rate). Measured, one thread, 32 sequences, bfloat16: 1 + 3 rows cost 2.8x a
+// decode after 500 keys and 2.4x after 2,000 with 9/3 heads of 64, 2.4x and 2.3x with 32/8
+// (benchmarks/attention_kernels.py --lookahead); scoring them against packed key tiles, one window
+// over the whole context, or spreading the prefetches each changed that by under 5%.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -373,7 +380,7 @@ struct Scratch {
 };
 
 constexpr int64_t kKeyTile = 16;  // keys per dots16 call; score rows are padded to a multiple of it
-constexpr int64_t kWindowBytes = 384 << 10;  // keys and values a prefill item's rows share at a time: fits L2
+constexpr int64_t kWindowBytes = 384 << 10;  // keys and values an item's rows share at a time: fits L2
 
 // Asks for the cache lines of key rows [from, to) of keys (clipped to n; `row` elements each).
 // Blocks lie anywhere in the cache, so the hardware's stride prefetchers lose the trail at every
@@ -870,11 +877,14 @@ void run_item(const Problem& p, const Item& item, const T* query, const T* kv, T
   // Rows walk the item's keys a window at a time, every row through one window before the next, so
   // that a window's keys and values, sized to stay in L2, come from memory once for all the rows
   // rather than once a row (a 16-row tile over 3,000 keys read its 2.3 MB sixteen times). Each row
-  // keeps (max, sum, acc) per head across windows, merged as key slices are.
+  // keeps (max, sum, acc) per head across windows, merged as key slices are. A decode walks windows
+  // too: over one window of all its keys, the values its scoring prefetches leave L2 before they are
+  // weighed once the context's K/V outgrow it, and come from memory twice (measured, one thread, 32
+  // decodes of 2,000 keys, heads of 64: bfloat16 32/8 heads 30.5 -> 16.9 ms, 9/3 6.6 -> 5.4 ms;
+  // float32 39.1 -> 25.4 and 11.0 -> 9.5 ms; after 500 keys 1-10% faster).
   const int64_t key_bytes = 2 * p.kv_stride_token * static_cast<int64_t>(sizeof(T));
   const int64_t rows = item.q_end - item.q_begin;
-  const int64_t window = rows == 1 ? std::max<int64_t>(last - first, 1)  // a decode: nothing to share
-                                   : std::max<int64_t>(kKeyTile, kWindowBytes / key_bytes / kKeyTile * kKeyTile);
+  const int64_t window = std::max<int64_t>(kKeyTile, kWindowBytes / key_bytes / kKeyTile * kKeyTile);
   s.state.resize(rows * H * (D + 2));  // per row and head: max, sum, acc[D]; sum 0: nothing yet
   for (int64_t k = 0; k < rows * H; ++k) {  // a row that sees none of a slice's keys stays so (merged as empty)
     s.state[k * (D + 2)] = -std::numeric_limits<float>::infinity();
