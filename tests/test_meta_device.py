@@ -30,7 +30,7 @@ def generate(path, params: list[SamplingParams], default_device: str | None) -> 
     )
     engine = LLMEngine(config)
     for i, (prompt, p) in enumerate(zip(PROMPTS, params)):
-        engine.add_request(str(i), prompt, p)
+        engine.add_request(str(i), engine.check_request(prompt, p))
     results: dict[str, tuple] = {}
     previous = torch.get_default_device()
     if default_device is not None:
