@@ -146,6 +146,45 @@ def test_streaming_deltas_add_up_and_abort_mid_stream_frees_all_blocks(llm):
         asyncio.run(after_shutdown())
 
 
+def test_an_n_request_streams_every_sample_and_aborting_it_aborts_them_all(llm):
+    engine = llm.engine
+    async_llm = AsyncLLM(engine)
+    free_before = engine.kv_cache_manager.num_free_blocks()
+    params = SamplingParams(n=3, temperature=1.0, seed=9, max_tokens=8, ignore_eos=True, output_kind="delta")
+
+    async def main():
+        tokens: dict[int, list[int]] = {0: [], 1: [], 2: []}
+        async for out in async_llm.generate(PROMPT, params, "streamed"):
+            assert out.request_id == "streamed"
+            for completion in out.outputs:
+                tokens[completion.index] += completion.token_ids
+        first = asyncio.Event()
+
+        async def consume():
+            async for _ in async_llm.generate(PROMPT, params.model_copy(update={"max_tokens": 64}), "aborted"):
+                first.set()
+
+        consumer = asyncio.create_task(consume())
+        await first.wait()
+        await async_llm.abort("aborted")
+        for _ in range(100):  # aborts are applied between steps
+            if not engine.has_unfinished_requests():
+                break
+            await asyncio.sleep(0.02)
+        stopped = not engine.has_unfinished_requests()
+        consumer.cancel()
+        return tokens, stopped
+
+    try:
+        tokens, stopped = asyncio.run(main())
+    finally:
+        async_llm.shutdown()
+    assert stopped, "every sample of the aborted request stops"
+    assert engine.kv_cache_manager.num_free_blocks() == free_before
+    offline = llm.generate(PROMPT, params.model_copy(update={"output_kind": "cumulative"}), use_tqdm=False)[0]
+    assert [tokens[c.index] for c in offline.outputs] == [c.token_ids for c in offline.outputs]
+
+
 def test_n_samples_start_from_the_first_samples_prompt_blocks_and_equal_separately_seeded_requests(model_dir):
     llm = LLM(str(model_dir), dtype="float32", max_model_len=128, num_kv_blocks=64, block_size=16)
     engine, manager = llm.engine, llm.engine.kv_cache_manager
