@@ -28,8 +28,10 @@ class ParentRequest:
     (every sample so far), ``delta`` (the new part of the samples that changed) or ``final_only``
     (all samples, once every one has finished). ``CompletionOutput.index`` is the child's index.
 
-    A child the engine failed fails the parent: its output is then final, carries the error, and
-    finishes the other samples with ``"abort"``; the caller aborts :meth:`unfinished_children`.
+    Children stream deltas whatever the parent's ``output_kind``: the parent keeps every sample
+    whole, so a failure reports what each sample had. A child the engine failed fails the
+    parent: its output is then final, carries the error, and finishes the other samples with
+    ``"abort"``; the caller aborts :meth:`unfinished_children`.
     """
 
     def __init__(self, request_id: str, request: CheckedRequest) -> None:
@@ -40,7 +42,7 @@ class ParentRequest:
         self.children: dict[str, CheckedRequest] = {}
         """Child id -> its request, child 0 (the one the others wait for) first."""
         for index in range(params.n):
-            update: dict[str, Any] = {"n": 1}
+            update: dict[str, Any] = {"n": 1, "output_kind": "delta"}
             if params.seed is not None:
                 update["seed"] = params.seed + index
             if index:
@@ -51,8 +53,12 @@ class ParentRequest:
         self._index = {child_id: index for index, child_id in enumerate(self.children)}
         self._running = set(self.children)
         """The children the engine has not finished."""
-        self._latest = [CompletionOutput(index, "", []) for index in range(params.n)]
-        """Each sample as it stands (its completions are cumulative unless ``output_kind`` is delta)."""
+        logprobs = [] if params.logprobs is not None else None
+        self._samples = [
+            CompletionOutput(index, "", [], cumulative_logprob=None if logprobs is None else 0.0, logprobs=logprobs)
+            for index in range(params.n)
+        ]
+        """Each sample as it stands, accumulated from its child's deltas."""
         self._metrics: list[RequestMetrics | None] = [None] * params.n
         self._prompt_logprobs: Any = None
         self.error: str | None = None
@@ -60,15 +66,15 @@ class ParentRequest:
 
     @property
     def finished(self) -> bool:
-        return self.error is not None or all(c.finish_reason is not None for c in self._latest)
+        return self.error is not None or all(c.finish_reason is not None for c in self._samples)
 
     def unfinished_children(self) -> list[str]:
-        """The ids of the children that have not finished (to abort when the parent ends early)."""
+        """The ids of the children the engine has not finished (to abort when the parent ends early)."""
         return [child_id for child_id in self.children if child_id in self._running]
 
     def add(self, output: RequestOutput) -> RequestOutput | None:
-        """Fold in child ``output``; the parent's output to emit now, or None (nothing to emit, or
-        the parent has already ended)."""
+        """Fold in child ``output`` (a delta); the parent's output to emit now, or None (nothing to
+        emit, or the parent has already ended)."""
         index = self._index[output.request_id]
         if output.finished:
             self._running.discard(output.request_id)
@@ -78,31 +84,27 @@ class ParentRequest:
         if index == 0 and output.prompt_logprobs is not None:
             self._prompt_logprobs = output.prompt_logprobs
         new = [dataclasses.replace(c, index=index) for c in output.outputs]
-        delta = self.request.params.output_kind == "delta"
-        for completion in new:
-            if delta:
-                self._latest[index].finish_reason = completion.finish_reason
-            else:
-                self._latest[index] = completion
+        for delta in new:
+            _extend(self._samples[index], delta)
         if output.error is not None:
             self.error = output.error
-            aborted = [c.index for c in self._latest if c.finish_reason is None]
-            for i in aborted:
-                self._latest[i] = dataclasses.replace(self._latest[i], finish_reason="abort")
-            if delta:
-                new += [CompletionOutput(i, "", [], finish_reason="abort") for i in aborted]
+            aborted = [sample for sample in self._samples if sample.finish_reason is None]
+            for sample in aborted:
+                sample.finish_reason = "abort"
+            new += [CompletionOutput(sample.index, "", [], finish_reason="abort") for sample in aborted]
         finished = self.finished
-        if self.request.params.output_kind == "final_only" and not finished:
+        kind = self.request.params.output_kind
+        if kind == "final_only" and not finished:
             return None
-        if delta:  # child 0's first output carries the prompt logprobs
-            prompt_logprobs = output.prompt_logprobs if index == 0 else None
+        if kind == "delta":
+            outputs, prompt_logprobs = sorted(new, key=lambda c: c.index), output.prompt_logprobs
         else:
-            prompt_logprobs = self._prompt_logprobs
+            outputs, prompt_logprobs = [_copy(sample) for sample in self._samples], self._prompt_logprobs
         return RequestOutput(
             request_id=self.request_id,
             prompt=self.request.prompt,
             prompt_token_ids=self.request.prompt_token_ids,
-            outputs=sorted(new, key=lambda c: c.index) if delta else list(self._latest),
+            outputs=outputs,
             finished=finished,
             prompt_logprobs=prompt_logprobs,
             metrics=self._merged_metrics(finished),
@@ -126,6 +128,22 @@ class ParentRequest:
             first_token_time=earliest("first_token_time"),
             finished_time=max(last) if finished and None not in last and len(known) == len(self._metrics) else None,
         )
+
+
+def _extend(sample: CompletionOutput, delta: CompletionOutput) -> None:
+    """Append ``delta``, the new part of ``sample``'s child output, to ``sample``."""
+    sample.text += delta.text
+    sample.token_ids.extend(delta.token_ids)
+    if delta.logprobs is not None and sample.logprobs is not None:
+        sample.logprobs.extend(delta.logprobs)
+    sample.cumulative_logprob = delta.cumulative_logprob
+    sample.finish_reason, sample.stop_reason = delta.finish_reason, delta.stop_reason
+
+
+def _copy(sample: CompletionOutput) -> CompletionOutput:
+    """``sample`` as it stands, apart from the lists the parent goes on extending."""
+    logprobs = None if sample.logprobs is None else list(sample.logprobs)
+    return dataclasses.replace(sample, token_ids=list(sample.token_ids), logprobs=logprobs)
 
 
 class OutputTarget(Protocol):
