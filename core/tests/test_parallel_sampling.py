@@ -106,3 +106,15 @@ def test_the_parents_stream_merges_child_outputs_and_passes_exceptions_on():
     error = RuntimeError("engine died")
     stream.put(error)
     assert target.items == [error]
+
+
+def test_each_sample_keeps_its_own_logprobs():
+    request = ParentRequest("p", CheckedRequest([1, 7], SamplingParams(n=2, logprobs=0, output_kind="final_only"), []))
+    for index, token in ((0, 5), (1, 6), (0, 8)):
+        delta = CompletionOutput(0, "t", [token], cumulative_logprob=-1.0, logprobs=[{token: None}])
+        request.add(RequestOutput(f"{index}_p", None, [1, 7], [delta], finished=False))
+    final = request.add(RequestOutput("1_p", None, [1, 7], [CompletionOutput(0, "", [], finish_reason="stop")], True))
+    assert final is None, "sample 0 has not finished"
+    final = request.add(RequestOutput("0_p", None, [1, 7], [CompletionOutput(0, "", [], finish_reason="stop")], True))
+    assert [c.token_ids for c in final.outputs] == [[5, 8], [6]]
+    assert [[list(lp) for lp in c.logprobs] for c in final.outputs] == [[[5], [8]], [[6]]]

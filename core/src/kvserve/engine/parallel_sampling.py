@@ -53,9 +53,9 @@ class ParentRequest:
         self._index = {child_id: index for index, child_id in enumerate(self.children)}
         self._running = set(self.children)
         """The children the engine has not finished."""
-        logprobs = [] if params.logprobs is not None else None
+        with_logprobs = params.logprobs is not None
         self._samples = [
-            CompletionOutput(index, "", [], cumulative_logprob=None if logprobs is None else 0.0, logprobs=logprobs)
+            CompletionOutput(index, "", [], 0.0 if with_logprobs else None, [] if with_logprobs else None)
             for index in range(params.n)
         ]
         """Each sample as it stands, accumulated from its child's deltas."""
