@@ -64,7 +64,7 @@ def main() -> None:
 
     for level, engine in engines.items():
         for i, ids in enumerate(prompts):
-            engine.add_request(str(i), ids, params)
+            engine.add_request(str(i), engine.check_request(ids, params))
         start = time.perf_counter()
         while len(tokens[level]) < args.batch or any(not t for t in tokens[level].values()):
             step(level)  # the prefill (chunked where it must be)

@@ -51,7 +51,7 @@ def timed_steps(engine: LLMEngine, args: argparse.Namespace) -> tuple[list[tuple
     def add(tag: str, count: int, length: int, new: int) -> None:
         params = SamplingParams(temperature=0.0, max_tokens=new, min_tokens=new, ignore_eos=True)
         for i in range(count):
-            engine.add_request(f"{tag}{i}", [rng.randrange(vocab) for _ in range(length)], params)
+            engine.add_request(f"{tag}{i}", engine.check_request([rng.randrange(vocab) for _ in range(length)], params))
 
     add("decode", args.decodes, args.short_len, args.decode_len)
     steps, first_tokens, arrived = [], {}, 0.0
@@ -138,7 +138,7 @@ def main() -> None:
 
 
 def warm_up(engine: LLMEngine) -> None:
-    engine.add_request("warm-up", [1] * 16, SamplingParams(temperature=0.0, max_tokens=4))
+    engine.add_request("warm-up", engine.check_request([1] * 16, SamplingParams(temperature=0.0, max_tokens=4)))
     while engine.has_unfinished_requests():
         engine.step()
 

@@ -61,7 +61,7 @@ def run(enable_prefix_caching: bool, prompts: list[list[int]], output_len: int, 
 
     start = time.perf_counter()
     for i, ids in enumerate(prompts):
-        engine.add_request(f"bench-{i}", ids, params)
+        engine.add_request(f"bench-{i}", engine.check_request(ids, params))
     ttft: dict[str, float] = {}
     output_tokens = 0
     while engine.has_unfinished_requests():

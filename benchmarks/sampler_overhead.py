@@ -61,12 +61,9 @@ def main() -> None:
     )
     for label, params in modes:
         for i in range(args.batch):
-            engine.add_request(
-                f"{label}-{i}",
-                [1] + list(range(100, 130 + i % 7)),
-                params.model_copy(update={"seed": None if params.seed is None else i}),
-            )
-        while any(not s.sequences[0].request.output_token_ids for s in engine.states.values()):
+            seeded = params.model_copy(update={"seed": None if params.seed is None else i})
+            engine.add_request(f"{label}-{i}", engine.check_request([1] + list(range(100, 130 + i % 7)), seeded))
+        while any(not s.request.output_token_ids for s in engine.states.values()):
             engine.step()  # prefill everything first: only decode steps are measured
         timed = engine.sampler = TimedSampler(engine.sampler)
         start = time.perf_counter()

@@ -72,7 +72,7 @@ def test_padded_step_lands_in_the_persistent_buffers(tiny_llama):
     tokenizer = llm.get_tokenizer()
     prompt_ids = [tokenizer.encode(p) for p in PROMPTS]
     for i, ids in enumerate(prompt_ids):
-        engine.add_request(str(i), ids, SamplingParams(temperature=0, max_tokens=4))
+        engine.add_request(str(i), engine.check_request(ids, SamplingParams(temperature=0, max_tokens=4)))
     step = StepInput.from_plan(
         engine.scheduler.schedule(), engine.kv_cache_manager, {"request": lambda r: int(r.request_id)}
     )

@@ -117,10 +117,12 @@ def test_a_detokenization_failure_aborts_only_that_request(llm, monkeypatch):
 
     monkeypatch.setattr(detokenizer.IncrementalDetokenizer, "add", add)
     engine = llm.engine
-    engine.add_request("doomed", llm.get_tokenizer().encode(PROMPT), SamplingParams(max_tokens=8))
-    engine.states["doomed"].sequences[0].detokenizer.doomed = True
-    engine.add_request("bystander", llm.get_tokenizer().encode(PROMPT), SamplingParams(temperature=0, max_tokens=12,
-                                                                                        ignore_eos=True))  # fmt: skip
+    ids = llm.get_tokenizer().encode(PROMPT)
+    engine.add_request("doomed", engine.check_request(ids, SamplingParams(max_tokens=8)))
+    engine.states["doomed"].sequence.detokenizer.doomed = True
+    engine.add_request(
+        "bystander", engine.check_request(ids, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    )
     finals = {}
     while engine.has_unfinished_requests():
         finals.update({o.request_id: o for o in engine.step() if o.finished})
@@ -150,8 +152,8 @@ def test_a_failing_forward_stops_the_engine_and_every_caller_gets_the_error(mode
 
 
 # -- the bugs of issue 9 item 3 ----------------------------------------------------------------
-def test_n_fork_without_a_free_block_keeps_every_followers_first_token(model_dir):
-    # Two usable blocks of 16: a 20-token prompt fills both, so no follower can copy its last block.
+def test_n_samples_that_cannot_run_together_keep_their_seeded_tokens(model_dir):
+    # Two usable blocks of 16: each sample of the 20-token prompt needs both, so they run in turn.
     llm = LLM(str(model_dir), max_model_len=32, num_kv_blocks=2, block_size=16)
     ids = llm.get_tokenizer().encode(PROMPT + " and the rest of the prompt")[:20]
     assert len(ids) == 20

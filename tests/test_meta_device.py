@@ -7,6 +7,7 @@ import torch
 
 from kvserve.config import EngineConfig
 from kvserve.engine.llm_engine import LLMEngine
+from kvserve.engine.parallel_sampling import ParentRequest
 from kvserve.sampling_params import SamplingParams
 from kvserve.testing.hf_models import build_tiny_model
 
@@ -29,16 +30,21 @@ def generate(path, params: list[SamplingParams], default_device: str | None) -> 
         model=str(path), dtype="float32", max_model_len=32, block_size=4, num_kv_blocks=9, max_num_batched_tokens=8
     )
     engine = LLMEngine(config)
+    parents = {}  # the front end's part: each request fanned out into its samples
     for i, (prompt, p) in enumerate(zip(PROMPTS, params)):
-        engine.add_request(str(i), prompt, p)
+        parent = ParentRequest(str(i), engine.check_request(prompt, p))
+        for child_id, child in parent.children.items():
+            parents[child_id] = parent
+            engine.add_request(child_id, child)
     results: dict[str, tuple] = {}
     previous = torch.get_default_device()
     if default_device is not None:
         torch.set_default_device(default_device)
     try:
         while engine.has_unfinished_requests():
-            for output in engine.step():
-                if output.finished:
+            for child_output in engine.step():
+                output = parents[child_output.request_id].add(child_output)
+                if output is not None and output.finished:
                     completions = [(list(c.token_ids), c.logprobs) for c in output.outputs]
                     results[output.request_id] = (completions, output.prompt_logprobs)
     finally:

@@ -32,11 +32,11 @@ def run(model_dir, **fields) -> tuple[dict[str, list[int]], list[tuple[int, int]
     engine.scheduler.schedule = recording_schedule
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     for i in range(4):
-        engine.add_request(f"decode{i}", [5 + i] * (6 + i), params)
+        engine.add_request(f"decode{i}", engine.check_request([5 + i] * (6 + i), params))
     tokens = {}
     while engine.has_unfinished_requests():
         if len(plans) == 2:
-            engine.add_request("long", [(7 * j) % 300 + 3 for j in range(100)], params)
+            engine.add_request("long", engine.check_request([(7 * j) % 300 + 3 for j in range(100)], params))
         for output in engine.step():
             tokens[output.request_id] = output.outputs[0].token_ids
     return tokens, [split_tokens(plan) for plan in plans], llm

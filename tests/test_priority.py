@@ -40,11 +40,11 @@ def test_priority_orders_admission_and_victims_and_keeps_greedy_tokens(model_pat
     schedule = engine.scheduler.schedule
     monkeypatch.setattr(engine.scheduler, "schedule", lambda: plans.append(schedule()) or plans[-1])
     for i, (prompt, priority) in enumerate(zip(PROMPTS, PRIORITIES)):
-        engine.add_request(f"r{i}", prompt, GREEDY, priority=priority)
+        engine.add_request(f"r{i}", engine.check_request(prompt, GREEDY, priority=priority))
     tokens: dict[str, list[int]] = {}
     while engine.has_unfinished_requests():
         if len(plans) == 3:
-            engine.add_request("urgent", URGENT, GREEDY, priority=-1)
+            engine.add_request("urgent", engine.check_request(URGENT, GREEDY, priority=-1))
         for output in engine.step():
             if output.finished:
                 tokens[output.request_id] = output.outputs[0].token_ids

@@ -98,7 +98,9 @@ def test_killed_actor_is_reported_by_rank_and_every_actor_stops(tmp_path, local_
     path = build_tiny_model("llama", tmp_path / "llama")
     engine = LLM(str(path), **RAY, **ENGINE).engine
     pids = engine.executor.pids
-    engine.add_request("r", [1, 5, 7], SamplingParams(temperature=0, max_tokens=100, ignore_eos=True))
+    engine.add_request(
+        "r", engine.check_request([1, 5, 7], SamplingParams(temperature=0, max_tokens=100, ignore_eos=True))
+    )
     for _ in range(3):
         engine.step()
     os.kill(pids[1], signal.SIGKILL)

@@ -10,6 +10,7 @@ from tokenizers.decoders import DecodeStream
 
 from kvserve import LLM, SamplingParams
 from kvserve.engine.async_llm import AsyncLLM, EngineDeadError
+from kvserve.engine.parallel_sampling import ParentRequest
 from kvserve.testing.hf_models import build_tiny_model
 
 PROMPT = "Paged attention stores keys and values in fixed size blocks"
@@ -145,27 +146,65 @@ def test_streaming_deltas_add_up_and_abort_mid_stream_frees_all_blocks(llm):
         asyncio.run(after_shutdown())
 
 
-def test_n_samples_share_prompt_blocks_and_equal_separately_seeded_requests(model_dir):
-    llm = LLM(
-        str(model_dir), dtype="float32", max_model_len=128, num_kv_blocks=64, block_size=16, enable_prefix_caching=False
-    )
+def test_an_n_request_streams_every_sample_and_aborting_it_aborts_them_all(llm):
+    engine = llm.engine
+    async_llm = AsyncLLM(engine)
+    free_before = engine.kv_cache_manager.num_free_blocks()
+    params = SamplingParams(n=3, temperature=1.0, seed=9, max_tokens=8, ignore_eos=True, output_kind="delta")
+
+    async def main():
+        tokens: dict[int, list[int]] = {0: [], 1: [], 2: []}
+        async for out in async_llm.generate(PROMPT, params, "streamed"):
+            assert out.request_id == "streamed"
+            for completion in out.outputs:
+                tokens[completion.index] += completion.token_ids
+        first = asyncio.Event()
+
+        async def consume():
+            async for _ in async_llm.generate(PROMPT, params.model_copy(update={"max_tokens": 64}), "aborted"):
+                first.set()
+
+        consumer = asyncio.create_task(consume())
+        await first.wait()
+        await async_llm.abort("aborted")
+        for _ in range(100):  # aborts are applied between steps
+            if not engine.has_unfinished_requests():
+                break
+            await asyncio.sleep(0.02)
+        stopped = not engine.has_unfinished_requests()
+        consumer.cancel()
+        return tokens, stopped
+
+    try:
+        tokens, stopped = asyncio.run(main())
+    finally:
+        async_llm.shutdown()
+    assert stopped, "every sample of the aborted request stops"
+    assert engine.kv_cache_manager.num_free_blocks() == free_before
+    offline = llm.generate(PROMPT, params.model_copy(update={"output_kind": "cumulative"}), use_tqdm=False)[0]
+    assert [tokens[c.index] for c in offline.outputs] == [c.token_ids for c in offline.outputs]
+
+
+def test_n_samples_start_from_the_first_samples_prompt_blocks_and_equal_separately_seeded_requests(model_dir):
+    llm = LLM(str(model_dir), dtype="float32", max_model_len=128, num_kv_blocks=64, block_size=16)
     engine, manager = llm.engine, llm.engine.kv_cache_manager
     ids = llm.get_tokenizer().encode(" ".join([PROMPT] * 3))
     full_blocks, partial = divmod(len(ids), 16)
-    assert full_blocks >= 1 and partial, "the prompt should end inside a block to exercise copy-on-write"
+    assert full_blocks >= 1 and partial, "the prompt should end inside a block (its last block is not shared)"
     params = SamplingParams(n=4, temperature=1.0, seed=5, max_tokens=6, ignore_eos=True)
-    engine.add_request("group", ids, params)
-    outputs = engine.step()  # one prefill; the three followers fork off the leader in the same step
-    assert 64 - manager.num_free_blocks() == full_blocks + 4, "full prompt blocks shared, last block copied"
-    leader_table = manager.block_table("group")
-    for block in leader_table[:full_blocks]:
-        assert manager.pool.ref_counts[block] == 4
-    assert len({manager.block_table(f"group#{i}")[-1] for i in range(1, 4)} | {leader_table[-1]}) == 4
+    parent = ParentRequest("group", engine.check_request(ids, params))
+    for child_id, child in parent.children.items():
+        engine.add_request(child_id, child)
+    merged = [parent.add(output) for output in engine.step()]  # one step: sample 0's prefill, the others beside it
+    assert [len(engine.states[child_id].request.output_token_ids) for child_id in parent.children] == [1] * 4
+    assert manager.stats().prefix_hits == 3 * full_blocks * 16, "samples 1-3 start from sample 0's full blocks"
     while engine.has_unfinished_requests():
-        outputs = engine.step() or outputs
-    final = outputs[-1]
-    assert final.finished and [c.index for c in final.outputs] == [0, 1, 2, 3]
+        merged += [parent.add(output) for output in engine.step()]
+    final = merged[-1]
+    assert final.finished and final.request_id == "group" and [c.index for c in final.outputs] == [0, 1, 2, 3]
     assert manager.num_free_blocks() == 64
     for i, completion in enumerate(final.outputs):
         alone = llm.generate([ids], params.model_copy(update={"n": 1, "seed": 5 + i}), use_tqdm=False)
         assert completion.token_ids == alone[0].outputs[0].token_ids
+    again = llm.generate([ids], params, use_tqdm=False)[0]
+    assert [c.token_ids for c in again.outputs] == [c.token_ids for c in final.outputs], "same seed, same samples"

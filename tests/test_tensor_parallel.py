@@ -80,7 +80,9 @@ def test_killed_worker_is_reported_by_rank_and_every_worker_stops(tmp_path):
     llm = LLM(str(path), tensor_parallel_size=2, **ENGINE)
     engine = llm.engine
     procs = engine.executor.procs
-    engine.add_request("r", [1, 5, 7], SamplingParams(temperature=0, max_tokens=100, ignore_eos=True))
+    engine.add_request(
+        "r", engine.check_request([1, 5, 7], SamplingParams(temperature=0, max_tokens=100, ignore_eos=True))
+    )
     for _ in range(3):
         engine.step()
     os.kill(procs[1].pid, signal.SIGKILL)

@@ -238,7 +238,7 @@ def test_bodies_over_the_limit_get_413(tiny_llm: AsyncLLM, make_server) -> None:
 
 
 def test_unexpected_errors_are_500_without_details(served_llm: AsyncLLM, http: httpx.Client, monkeypatch) -> None:
-    def broken(*args: object) -> None:
+    def broken(*args: object, **fields: object) -> None:
         raise ZeroDivisionError("internal detail")
 
     monkeypatch.setattr(served_llm, "validate_prompt", broken)

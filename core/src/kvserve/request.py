@@ -55,7 +55,7 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     stop_reason: int | None = None
     bad_words_token_ids: list[list[int]] = field(default_factory=list)
-    """``sampling_params.bad_words`` as token sequences (tokenized and checked when the request is added)."""
+    """``sampling_params.bad_words`` as token sequences (tokenized and checked once, by the front end)."""
     logits_constraint: LogitsConstraint | None = None
     """What the request may emit next (a grammar), advanced with every accepted token; None: anything."""
     draft_token_ids: list[int] = field(default_factory=list)

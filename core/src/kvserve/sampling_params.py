@@ -22,7 +22,7 @@ class SamplingParams(BaseModel):
     ``temperature`` below ``1e-5`` (0 included) is greedy decoding, as in vLLM. Every float must
     be finite (NaN and infinities are rejected); ``seed`` and ``seed + n - 1`` lie within int64;
     ``top_k`` above the vocabulary size is clamped to it (the same as no top-k). Token ids are
-    checked against the model's vocabulary by the engine (``LLMEngine.validate_prompt``).
+    checked against the model's vocabulary by the front end (``kvserve.engine.validation.check_request``).
     Invalid values or combinations raise a ``ValueError`` naming the field.
     """
 

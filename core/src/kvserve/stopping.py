@@ -3,7 +3,8 @@
 Token rules (EOS, ``stop_token_ids``, ``max_tokens``, ``max_model_len``) are applied by the
 scheduler's ``update`` as it appends each sampled token (:meth:`Request.append_token`); stop
 strings need the text, so the output processor applies :func:`find_stop_string` after
-detokenizing. ``min_tokens`` is enforced by the sampler (it bans EOS and stop tokens) and here
+detokenizing, and the engine ends a request whose grammar is complete (:func:`grammar_complete`)
+the same way. ``min_tokens`` is enforced by the sampler (it bans EOS and stop tokens) and here
 for stop strings.
 """
 
@@ -43,3 +44,10 @@ def find_stop_string(text: str, new_from: int, request: Request) -> tuple[int, s
     window = max(0, new_from - max(len(s) for s in params.stop) + 1)  # a match may straddle the old end
     hits = [(at, s) for s in params.stop if (at := text.find(s, window)) >= 0]
     return min(hits) if hits else None
+
+
+def grammar_complete(request: Request) -> bool:
+    """Whether ``request``'s grammar (its logits constraint) accepts nothing more, so the request
+    stops as on a stop string; False once a token rule has already stopped it (that rule wins)."""
+    constraint = request.logits_constraint
+    return constraint is not None and not request.status.finished and constraint.is_terminated()

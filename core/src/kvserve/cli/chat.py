@@ -122,7 +122,7 @@ def _local_replier(config: EngineConfig, params: SamplingParams, console: Consol
     def reply(messages: list[Message]) -> Iterator[str]:
         request_id = f"chat-{next(ids)}"
         _, prompt = render_chat(engine.tokenizer, messages)
-        engine.add_request(request_id, prompt, params)
+        engine.add_request(request_id, engine.check_request(prompt, params))
         try:
             while engine.has_unfinished_requests():
                 for output in engine.step():

@@ -20,9 +20,10 @@ from kvserve.config import EngineConfig
 from kvserve.engine.core_client import EngineCoreClient
 from kvserve.engine.llm_engine import LLMEngine
 from kvserve.engine.output_collector import OutputCollector
+from kvserve.engine.parallel_sampling import ParentRequest, ParentStream
 from kvserve.engine.stats import EngineStats
 from kvserve.engine.thread_core import ThreadCore
-from kvserve.engine.validation import check_request
+from kvserve.engine.validation import CheckedRequest
 from kvserve.errors import EngineDeadError, RequestError
 from kvserve.outputs import RequestOutput
 from kvserve.sampling_params import SamplingParams
@@ -42,7 +43,9 @@ class AsyncLLM:
         self.engine: LLMEngine | None = getattr(self.core, "engine", None)
         """The engine itself when it runs in this process; None when it has its own."""
         self.info = self.core.info
-        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, OutputCollector]] = {}
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, OutputCollector | ParentStream]] = {}
+        self._children: dict[str, list[str]] = {}
+        """The engine's request ids of each ``n > 1`` request in flight (see :meth:`generate`)."""
         self._lock = threading.Lock()
         self._closed: str | None = None
         """Why the core no longer serves (set under ``_lock``); None while it runs."""
@@ -76,48 +79,67 @@ class AsyncLLM:
         """The engine's counters and gauges (for ``/metrics``)."""
         return self.core.stats()
 
-    def validate_prompt(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """Raise naming the field if this request can never be served (see ``check_request``);
-        EngineDeadError once the core has stopped. Nothing reaches the core."""
+    def validate_prompt(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        prompt: str | None = None,
+        priority: int = 0,
+        cache_salt: str | None = None,
+    ) -> CheckedRequest:
+        """The request checked for :meth:`generate`: raises naming the field if it can never be served
+        (see ``check_request``), EngineDeadError once the core has stopped. Nothing reaches the core."""
         if self._closed is not None:
             raise EngineDeadError(self._closed)
-        info = self.info
-        check_request(
-            prompt_token_ids, params, vocab_size=info.vocab_size, max_model_len=info.max_model_len,
-            max_n=info.max_n, tokenizer=info.tokenizer,
-        )  # fmt: skip
+        return self.info.check_request(
+            prompt_token_ids, params, prompt=prompt, priority=priority, cache_salt=cache_salt
+        )
 
     async def generate(
         self,
-        prompt: str | list[int],
-        params: SamplingParams,
+        prompt: str | list[int] | CheckedRequest,
+        params: SamplingParams | None,
         request_id: str,
         priority: int = 0,
         cache_salt: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Yield outputs as the request progresses (per ``params.output_kind``), the last one finished.
 
-        Invalid requests raise before anything is queued. Leaving the iterator early (a client
-        disconnect, a cancelled task) aborts the request and frees its KV blocks. A request the
-        engine failed raises RequestError (its last output attached); a stopped engine raises
-        EngineDeadError.
+        ``prompt``: text or token ids, checked here with ``params``, ``priority`` and ``cache_salt``;
+        or a request :meth:`validate_prompt` checked (then ``params`` is None), not checked again.
+        Invalid requests raise before anything is queued. ``n > 1`` runs as ``n`` engine requests
+        whose outputs are merged (:class:`~kvserve.engine.parallel_sampling.ParentRequest`).
+        Leaving the iterator early (a client disconnect, a cancelled task) aborts the request and
+        frees its KV blocks. A request the engine failed raises RequestError (its last output
+        attached); a stopped engine raises EngineDeadError.
         """
-        if self._closed is not None:
-            raise EngineDeadError(self._closed)
-        text = prompt if isinstance(prompt, str) else None
-        token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        self.validate_prompt(token_ids, params)
-        stream = OutputCollector(delta=params.output_kind == "delta")
+        if isinstance(prompt, CheckedRequest):
+            if params is not None:
+                raise TypeError("params: a checked request carries its own sampling parameters; pass None")
+            request = prompt
+        else:
+            text = prompt if isinstance(prompt, str) else None
+            token_ids = self.tokenizer.encode(prompt) if text is not None else list(prompt)
+            request = self.validate_prompt(token_ids, params, prompt=text, priority=priority, cache_salt=cache_salt)
+        stream = OutputCollector(delta=request.params.output_kind == "delta")
+        parent = ParentRequest(request_id, request) if request.params.n > 1 else None
+        engine_requests = parent.children if parent is not None else {request_id: request}
+        ids = [request_id, *parent.children] if parent is not None else [request_id]
         with self._lock:
             if self._closed is not None:
                 raise EngineDeadError(self._closed)
-            if request_id in self._streams:
-                raise ValueError(f"request_id: {request_id!r} is already in use")
-            self._streams[request_id] = (asyncio.get_running_loop(), stream)
+            for taken in ids:
+                if taken in self._streams:
+                    raise ValueError(f"request_id: {taken!r} is already in use")
+            target = (asyncio.get_running_loop(), stream if parent is None else ParentStream(parent, stream))
+            self._streams.update(dict.fromkeys(ids, target))
+            if parent is not None:
+                self._children[request_id] = list(engine_requests)
         finished = False
         try:
-            self.core.add_request(dict(request_id=request_id, prompt_token_ids=token_ids, params=params,
-                                       priority=priority, prompt=text, cache_salt=cache_salt))  # fmt: skip
+            for engine_id, engine_request in engine_requests.items():
+                self.core.add_request(dict(request_id=engine_id, request=engine_request))
             while not finished:
                 item = await stream.get()
                 if isinstance(item, BaseException):
@@ -129,13 +151,20 @@ class AsyncLLM:
                 yield item
         finally:
             with self._lock:
-                self._streams.pop(request_id, None)
-            if not finished:
-                self.core.abort_request(request_id)
+                for taken in ids:
+                    self._streams.pop(taken, None)
+                self._children.pop(request_id, None)
+            if parent is not None:  # its other samples run on when one fails or is refused: abort them too
+                leftover = parent.unfinished_children()
+            else:
+                leftover = [] if finished else [request_id]
+            for engine_id in leftover:
+                self.core.abort_request(engine_id)
 
     async def abort(self, request_id: str) -> None:
-        """Stop ``request_id``; its blocks are freed before the next step."""
-        self.core.abort_request(request_id)
+        """Stop ``request_id`` (every sample of an ``n > 1`` request); its blocks are freed before the next step."""
+        for engine_id in self._children.get(request_id, [request_id]):
+            self.core.abort_request(engine_id)
 
     def shutdown(self) -> None:
         """Stop the core after the current step; in-flight and later requests get EngineDeadError."""

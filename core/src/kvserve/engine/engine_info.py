@@ -6,6 +6,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvserve.engine.llm_engine import LLMEngine
+from kvserve.engine.validation import CheckedRequest, check_request
+from kvserve.interfaces.logits_processor import LogitsProcessor
+from kvserve.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -19,6 +22,8 @@ class EngineInfo:
     max_n: int
     tokenizer: Any
     """The engine's own tokenizer (pickled across when the engine core has its own process)."""
+    logits_processors: tuple[type[LogitsProcessor], ...] = ()
+    """The engine's batch-level logits processor classes (they validate each request's params)."""
 
     @classmethod
     def from_engine(cls, engine: LLMEngine) -> EngineInfo:
@@ -28,4 +33,22 @@ class EngineInfo:
             vocab_size=engine.hf_config.vocab_size,
             max_n=engine.config.scheduler.max_n,
             tokenizer=engine.tokenizer,
+            logits_processors=tuple(engine.logits_processor_classes),
         )
+
+    def check_request(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        prompt: str | None = None,
+        priority: int = 0,
+        cache_salt: str | None = None,
+    ) -> CheckedRequest:
+        """:func:`~kvserve.engine.validation.check_request` against this engine's limits and its
+        batch-level logits processors."""
+        return check_request(
+            prompt_token_ids, params, vocab_size=self.vocab_size, max_model_len=self.max_model_len,
+            max_n=self.max_n, tokenizer=self.tokenizer, logits_processors=self.logits_processors,
+            prompt=prompt, priority=priority, cache_salt=cache_salt,
+        )  # fmt: skip

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from contextlib import suppress
@@ -13,9 +14,9 @@ from transformers import GenerationConfig
 
 from kvserve import components
 from kvserve.config import EngineConfig, SchedulerConfig
-from kvserve.engine.output_processor import RequestState, SequenceState
+from kvserve.engine.output_processor import RequestState
 from kvserve.engine.stats import EngineStats, StatLogger
-from kvserve.engine.validation import check_request
+from kvserve.engine.validation import CheckedRequest, check_request
 from kvserve.errors import EngineDeadError
 from kvserve.executor import Executor, InProcessExecutor
 from kvserve.interfaces import SchedulerOutput
@@ -30,6 +31,7 @@ from kvserve.sampling import Sampler, SamplerOutput, default_stages, token_logpr
 from kvserve.sampling.batch_processors import BatchLogitsProcessorsStage
 from kvserve.sampling.processor_loading import resolve_logits_processors
 from kvserve.sampling_params import SamplingParams
+from kvserve.stopping import grammar_complete
 
 logger = logging.getLogger("kvserve")
 
@@ -69,9 +71,7 @@ class LLMEngine:
         """Name -> the value each token of a request carries under it, sent to the model with every
         step (:attr:`kvserve.forward_context.ForwardContext.token_metadata`), e.g. LoRA adapter ids."""
         self.states: dict[str, RequestState] = {}
-        """User requests by id."""
-        self.sequences: dict[str, tuple[RequestState, SequenceState]] = {}
-        """Scheduler-level requests (one per completion) by id."""
+        """Requests by id, until their final output is out."""
         self.stat_logger = StatLogger()
         self.dead_error: Exception | None = None
         """What stopped the engine (a failed step); None while it runs."""
@@ -132,69 +132,70 @@ class LLMEngine:
         return (eos,) if isinstance(eos, int) else tuple(eos or ())
 
     # -- requests -------------------------------------------------------------------------
-    def add_request(
+    def check_request(
         self,
-        request_id: str,
         prompt_token_ids: list[int],
         params: SamplingParams,
-        priority: int = 0,
+        *,
         prompt: str | None = None,
+        priority: int = 0,
         cache_salt: str | None = None,
-    ) -> None:
-        """Queue a request; raises (naming the field) if it can never run, leaving the engine untouched.
-
-        ``cache_salt`` keeps the request's prefix-cache entries apart from other tenants'.
-        """
-        if request_id in self.states:
-            raise ValueError(f"request_id: {request_id!r} is already in use")
-        bad_words = self._check_request(prompt_token_ids, params)
-        # n > 1: the leader prefills the prompt; followers join when it is done (see _fork).
-        sequences = [
-            Request(
-                request_id if i == 0 else f"{request_id}#{i}",
-                list(prompt_token_ids),
-                params if params.n == 1 else _follower_params(params, i),
-                self.eos_token_ids,
-                priority=priority,
-                cache_salt=cache_salt,
-                bad_words_token_ids=bad_words,
-            )
-            for i in range(params.n)
-        ]
-        state = RequestState(request_id, prompt, sequences, self.tokenizer, params)
-        self.states[request_id] = state
-        for seq in state.sequences:
-            self.sequences[seq.request.request_id] = (state, seq)
-        self.scheduler.add_request(sequences[0])
-
-    def validate_prompt(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """Raise naming the field if this request can never be served: a ValueError for a token id
-        outside the vocabulary (prompt, ``stop_token_ids``, ``allowed_token_ids``, ``logit_bias``,
-        tokenized ``bad_words``) or ``n`` above ``max_n``, a CapacityError for
-        too long a request, EngineDeadError once the engine has stopped. Nothing decodes the prompt."""
-        self._check_request(prompt_token_ids, params)
-
-    def _check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> list[list[int]]:
-        """:meth:`validate_prompt`; returns the bad words as token ids."""
+    ) -> CheckedRequest:
+        """The request checked for :meth:`add_request`, for a front end in this process (see
+        :func:`~kvserve.engine.validation.check_request`): raises naming the field a ValueError for
+        a token id outside the vocabulary (prompt, ``stop_token_ids``, ``allowed_token_ids``,
+        ``logit_bias``, tokenized ``bad_words``), ``n`` above ``max_n`` or params a batch-level logits
+        processor refuses, a CapacityError for too long a request, EngineDeadError once the engine
+        has stopped. Nothing decodes the prompt."""
         self._check_alive()
         return check_request(
-            prompt_token_ids,
-            params,
-            vocab_size=self.hf_config.vocab_size,
-            max_model_len=self.max_model_len,
-            max_n=self.config.scheduler.max_n,
-            tokenizer=self.tokenizer,
-            logits_processors=self.logits_processor_classes,
+            prompt_token_ids, params, vocab_size=self.hf_config.vocab_size, max_model_len=self.max_model_len,
+            max_n=self.config.scheduler.max_n, tokenizer=self.tokenizer,
+            logits_processors=self.logits_processor_classes, prompt=prompt, priority=priority, cache_salt=cache_salt,
+        )  # fmt: skip
+
+    def add_request(self, request_id: str, request: CheckedRequest) -> None:
+        """Queue a request a front end checked (it is not checked again). ValueError if
+        ``request_id`` is in use or the request asks for more than one sample (a front end fans
+        ``n > 1`` out: :class:`~kvserve.engine.parallel_sampling.ParentRequest`); EngineDeadError
+        once the engine has stopped."""
+        self._check_alive()
+        if request_id in self.states:
+            raise ValueError(f"request_id: {request_id!r} is already in use")
+        if request.params.n != 1:
+            raise ValueError(f"n: the engine runs one sample per request (got {request.params.n}); fan it out first")
+        queued = Request(
+            request_id,
+            list(request.prompt_token_ids),
+            request.params,
+            self.eos_token_ids,
+            priority=request.priority,
+            cache_salt=request.cache_salt,
+            bad_words_token_ids=request.bad_words_token_ids,
         )
+        if request.after_prompt_of is not None:
+            queued.ready_when = functools.partial(self._prompt_shared, request.after_prompt_of, queued)
+        self.states[request_id] = RequestState(request_id, request.prompt, queued, self.tokenizer)
+        self.scheduler.add_request(queued)
+
+    def _prompt_shared(self, leader_id: str, request: Request) -> bool:
+        """Whether ``request`` (a later sample of an ``n > 1`` request) may be admitted: the prefix
+        cache holds every full block of the prompt of ``leader_id`` (computed, or being computed
+        in this step: ``request`` then starts beside it), the leader's prompt is computed, or
+        the leader is gone."""
+        state = self.states.get(leader_id)
+        if state is None or state.request.num_computed_tokens >= state.request.num_prompt_tokens:
+            return True
+        block_size = self.kv_cache_manager.block_size
+        shareable = (request.num_prompt_tokens - 1) // block_size * block_size  # the last token is recomputed
+        return self.kv_cache_manager.num_cached_tokens(request) >= shareable
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request now and free all its KV blocks (unknown ids are ignored)."""
         state = self.states.pop(request_id, None)
-        if state is None:
-            return
-        for seq in state.sequences:
-            self.scheduler.abort_request(seq.request.request_id)
-            self._release(seq.request)
+        if state is not None:
+            self.scheduler.abort_request(request_id)
+            self._release(state.request)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.states)
@@ -218,8 +219,10 @@ class LLMEngine:
                 return []
             self._mark_scheduled(plan)
             step = self.executor.execute(StepInput.from_plan(plan, self.kv_cache_manager, self.token_metadata))
-            owners, rows = self._sampling_rows(plan, step)
-            # Rows in order (no followers): a view, not a copy of [rows, vocab] logits per step.
+            # Who samples: the requests whose chunk completes their sequence, from its last row.
+            owners = [plan.scheduled[i].request for i in step.sampled_chunks]
+            rows = [step.rows(i)[-1] for i in step.sampled_chunks]
+            # Rows in order: a view, not a copy of [rows, vocab] logits per step.
             logits = step.logits[: len(rows)] if rows == list(range(len(rows))) else step.logits[rows]
             sampled = self.sampler(logits, owners)
             changed = self._update(plan, step, owners, sampled)
@@ -233,59 +236,45 @@ class LLMEngine:
     def _mark_scheduled(self, plan: SchedulerOutput) -> None:
         now = time.monotonic()
         for item in plan.scheduled:
-            state, _ = self.sequences[item.request.request_id]
+            state = self.states[item.request.request_id]
             if state.metrics.first_scheduled_time is None:
                 state.metrics.first_scheduled_time = now
 
-    def _sampling_rows(self, plan: SchedulerOutput, step: StepLogits) -> tuple[list[Request], list[int]]:
-        """Who samples a token now, and from which logits row: the requests whose chunk completes
-        their sequence (its last position's row), then the followers of a leader that just
-        finished its prompt (its row)."""
-        chunks = step.sampled_chunks
-        completing = [plan.scheduled[i].request for i in chunks]
-        owners, rows = list(completing), [step.rows(i)[-1] for i in chunks]
-        for row, request in zip(list(rows), completing):
-            for follower in self._followers_ready(request):
-                owners.append(follower)
-                rows.append(row)
-        return owners, rows
+    def _live_state(self, request: Request) -> RequestState | None:
+        """``request``'s state, or None once it has finished (failed earlier in this step)."""
+        state = self.states.get(request.request_id)
+        return None if state is None or state.finished else state
 
     def _update(
         self, plan: SchedulerOutput, step: StepLogits, owners: list[Request], sampled: SamplerOutput
     ) -> dict[str, RequestState]:
-        """Book the sampled tokens: failed requests first, then forks, the scheduler, the outputs."""
+        """Book the sampled tokens: failed requests first, then the scheduler, then the outputs."""
         changed: dict[str, RequestState] = {}
-        failing: dict[str, tuple[RequestState, str]] = {}  # state id -> (state, its first sequence's error)
+        failing: dict[str, tuple[Request, str]] = {}  # request id -> (request, its error)
         for row, error in sampled.errors.items():
-            entry = self.sequences.get(owners[row].request_id)
-            if entry is not None:
-                failing.setdefault(entry[0].request_id, (entry[0], error))
+            failing.setdefault(owners[row].request_id, (owners[row], error))
         if failing:
             for item in plan.scheduled:
                 # The forward ran: a failing request's chunk holds its KV, which a request admitted in
                 # this step may already share (a common prefix). Counted as computed, its blocks are
                 # freed as cached ones, not as blocks of a step that never ran.
-                entry = self.sequences.get(item.request.request_id)
-                if entry is not None and entry[0].request_id in failing:
+                if item.request.request_id in failing:
                     item.request.num_computed_tokens += item.num_tokens
-        for state, error in failing.values():
-            self._fail(state, error)
-            changed[state.request_id] = state
+        for request, error in failing.values():
+            state = self._live_state(request)
+            if state is not None:
+                self._fail(state, error)
+                changed[state.request_id] = state
         self._record_prompt_logprobs(plan, step)
         tokens = dict(zip(map(id, owners), sampled.tokens))
-        logprobs = dict(zip(map(id, owners), sampled.logprobs or [None] * len(owners)))
-        # Followers fork before the update, which could free a leader that finishes right away.
-        for follower in owners[len(step.sampled_chunks) :]:
-            if follower.request_id in self.sequences:
-                self._fork(follower, tokens[id(follower)])
+        logprobs = sampled.logprobs or [None] * len(owners)
         self.scheduler.update(
             plan, [[tokens[id(item.request)]] if id(item.request) in tokens else [] for item in plan.scheduled]
         )
-        for request in owners:
-            entry = self.sequences.get(request.request_id)
-            if entry is None:
-                continue  # its request failed above
-            state, seq = entry
+        for request, request_logprobs in zip(owners, logprobs):
+            state = self._live_state(request)
+            if state is None:
+                continue  # it failed above
             changed[state.request_id] = state
             try:
                 self.sampler.accept(request, request.output_token_ids[-1:])
@@ -293,21 +282,19 @@ class LLMEngine:
                 self._fail(state, f"accepting the token failed: {type(exc).__name__}: {exc}")
                 continue
             try:
-                self._add_token(state, seq, logprobs[id(request)])
+                self._add_token(state, request_logprobs)
             except Exception as exc:  # e.g. a token its tokenizer cannot decode: this request only
                 self._fail(state, f"processing the output failed: {type(exc).__name__}: {exc}")
         return changed
 
-    def _add_token(self, state: RequestState, seq: SequenceState, logprobs: TokenLogprobs | None) -> None:
-        """Detokenize the sequence's new token and apply its stop string or the scheduler's stop."""
-        request = seq.request
+    def _add_token(self, state: RequestState, logprobs: TokenLogprobs | None) -> None:
+        """Detokenize the request's new token and apply its stop string, its finished grammar or the
+        scheduler's stop (the rules: :mod:`kvserve.stopping`)."""
+        request, seq = state.request, state.sequence
         if state.metrics.first_token_time is None:
             state.metrics.first_token_time = time.monotonic()
         stop = seq.add_token(request.output_token_ids[-1], logprobs)
-        constraint = request.logits_constraint
-        # A complete grammar stops the request as a stop string does (a token rule that also held wins).
-        grammar_done = constraint is not None and not request.status.finished and constraint.is_terminated()
-        if stop is not None or grammar_done:
+        if stop is not None or grammar_complete(request):
             if not request.status.finished:
                 self.scheduler.abort_request(request.request_id)  # frees its blocks
             request.status = RequestStatus.FINISHED_STOPPED
@@ -334,15 +321,14 @@ class LLMEngine:
 
     # -- failures ---------------------------------------------------------------------------
     def _fail(self, state: RequestState, error: str) -> None:
-        """Finish every sequence of ``state`` with ``"abort"`` and ``error``, freeing their blocks."""
+        """Finish ``state`` with ``"abort"`` and ``error``, freeing its blocks."""
         logger.warning("request %s failed: %s", state.request_id, error)
         state.error = error
-        for seq in state.sequences:
-            self.scheduler.abort_request(seq.request.request_id)
-            seq.request.status = RequestStatus.FINISHED_ABORTED
-            if seq.finish_reason is None:
-                seq.finish("abort")
-            self._release(seq.request)
+        self.scheduler.abort_request(state.request_id)
+        state.request.status = RequestStatus.FINISHED_ABORTED
+        if state.sequence.finish_reason is None:
+            state.sequence.finish("abort")
+        self._release(state.request)
 
     def _die(self, exc: Exception) -> None:
         """The batch failed: stop for good, dropping (and freeing) every request."""
@@ -352,7 +338,6 @@ class LLMEngine:
             with suppress(Exception):  # the scheduler may be what broke; nothing more can be done
                 self.abort_request(request_id)
         self.states.clear()
-        self.sequences.clear()
         self.executor.shutdown()
 
     def shutdown(self) -> None:
@@ -377,42 +362,15 @@ class LLMEngine:
     def num_preemptions(self) -> int:
         return self.stat_logger.preemptions_total
 
-    # -- n > 1 ----------------------------------------------------------------------------
-    def _followers_ready(self, leader: Request) -> list[Request]:
-        """Followers of ``leader`` whose first token is sampled now: the leader just finished its prompt."""
-        state, seq = self.sequences[leader.request_id]
-        if seq.index != 0 or leader.output_token_ids or len(state.sequences) == 1:
-            return []
-        return [s.request for s in state.sequences[1:] if s.request.status is RequestStatus.WAITING]
-
-    def _fork(self, follower: Request, token: int) -> None:
-        """Start ``follower`` with its first ``token`` on the leader's prompt KV: full blocks shared,
-        the partial one copied. Without a free block for the copy it waits to prefill prompt and
-        token on its own, like a preempted request (prefix caching shares the full blocks then)."""
-        state, _ = self.sequences[follower.request_id]
-        leader = state.sequences[0].request
-        follower.append_token(token, self.max_model_len)
-        if follower.status.finished:
-            return  # it needs no KV at all
-        follower.num_computed_tokens = leader.num_prompt_tokens
-        pairs = self.kv_cache_manager.fork(leader, follower)
-        if pairs is None:
-            follower.num_computed_tokens = 0
-            self.scheduler.add_request(follower)
-            return
-        self.executor.copy_blocks(pairs)
-        self.scheduler.add_running(follower)
-
     # -- bookkeeping ----------------------------------------------------------------------
     def _record_prompt_logprobs(self, plan: SchedulerOutput, step: StepLogits) -> None:
         """Logprobs of the prompt positions this step computed for the first time (a preempted
-        request, or a follower prefilling on its own, computes them again: they are not re-added)."""
+        request computes them again: they are not re-added)."""
         for index, logits in step.prompt_logits.items():
             item = plan.scheduled[index]
-            entry = self.sequences.get(item.request.request_id)
-            if entry is None:
+            state = self._live_state(item.request)
+            if state is None:
                 continue  # failed in this step
-            state = entry[0]
             first = item.start + 1  # the prompt position the chunk's first row predicts
             skip = len(state.prompt_logprobs) - first  # positions already recorded
             if skip >= len(logits):
@@ -425,21 +383,14 @@ class LLMEngine:
             state.prompt_logprobs.extend(token_logprobs(logits.log_softmax(dim=-1), targets, top_n))
 
     def _release(self, request: Request) -> None:
-        self.sequences.pop(request.request_id, None)
+        """``request`` has finished: drop what the sampler keeps for it (its state stays until its
+        final output is out)."""
         self.sampler.forget(request.request_id)
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached KV block (e.g. after the weights changed); False, changing nothing,
         while requests still hold blocks."""
         return self.kv_cache_manager.reset_prefix_cache()
-
-
-def _follower_params(params: SamplingParams, index: int) -> SamplingParams:
-    """Sequence ``index`` of an ``n > 1`` request: its own seed (seed + index), as in vLLM."""
-    update: dict[str, Any] = {"n": 1}
-    if params.seed is not None:
-        update["seed"] = params.seed + index
-    return params.model_copy(update=update)
 
 
 def _scheduler_summary(name: str, config: SchedulerConfig) -> str:

@@ -8,16 +8,14 @@ from typing import Any
 from kvserve.engine.detokenizer import IncrementalDetokenizer
 from kvserve.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprobs
 from kvserve.request import Request
-from kvserve.sampling_params import SamplingParams
 from kvserve.stopping import find_stop_string, is_stop_token
 
 
 class SequenceState:
-    """One of a request's ``n`` completions: its scheduler request, text, logprobs, what was sent."""
+    """A request's completion: its scheduler request, text, logprobs, what was sent."""
 
-    def __init__(self, index: int, request: Request, tokenizer: Any) -> None:
+    def __init__(self, request: Request, tokenizer: Any) -> None:
         params = request.sampling_params
-        self.index = index
         self.request = request
         self.detokenizer = None
         if params.detokenize:
@@ -74,7 +72,7 @@ class SequenceState:
         self.sent_tokens, self.sent_text = len(tokens), len(text)
         self.changed = False
         return CompletionOutput(
-            index=self.index,
+            index=0,
             text=text[first_char:],
             token_ids=list(tokens[first_token:]),
             cumulative_logprob=self.cumulative_logprob,
@@ -85,24 +83,21 @@ class SequenceState:
 
 
 class RequestState:
-    """A user request: the prompt, its ``n`` sequences, prompt logprobs and timing."""
+    """A request as the user sees it: the prompt, its completion, prompt logprobs and timing.
 
-    def __init__(
-        self,
-        request_id: str,
-        prompt: str | None,
-        sequences: list[Request],
-        tokenizer: Any,
-        params: SamplingParams,
-    ) -> None:
+    The engine runs one completion per request; ``n > 1`` is fanned out by the front end
+    (:mod:`kvserve.engine.parallel_sampling`).
+    """
+
+    def __init__(self, request_id: str, prompt: str | None, request: Request, tokenizer: Any) -> None:
         self.request_id = request_id
         self.prompt = prompt
-        self.params = params
-        self.prompt_token_ids = sequences[0].prompt_token_ids
-        self.sequences = [SequenceState(i, r, tokenizer) for i, r in enumerate(sequences)]
-        self.metrics = RequestMetrics(arrival_time=sequences[0].arrival_time)
+        self.params = request.sampling_params
+        self.request = request
+        self.sequence = SequenceState(request, tokenizer)
+        self.metrics = RequestMetrics(arrival_time=request.arrival_time)
         self.prompt_logprobs: list[TokenLogprobs | None] | None = None
-        if params.prompt_logprobs is not None:
+        if self.params.prompt_logprobs is not None:
             self.prompt_logprobs = [None]  # the first prompt token has no context to be predicted from
         self.sent_prompt_logprobs = False
         self.error: str | None = None
@@ -110,7 +105,7 @@ class RequestState:
 
     @property
     def finished(self) -> bool:
-        return all(s.finish_reason is not None for s in self.sequences)
+        return self.sequence.finish_reason is not None
 
     def output(self) -> RequestOutput | None:
         """The output to emit now under the request's ``output_kind`` (None: nothing to emit)."""
@@ -119,7 +114,6 @@ class RequestState:
         if kind == "final_only" and not finished:
             return None
         delta = kind == "delta"
-        sequences = [s for s in self.sequences if s.changed] if delta else self.sequences
         if finished and self.metrics.finished_time is None:
             self.metrics.finished_time = time.monotonic()
         prompt_logprobs = self.prompt_logprobs
@@ -129,8 +123,8 @@ class RequestState:
         return RequestOutput(
             request_id=self.request_id,
             prompt=self.prompt,
-            prompt_token_ids=self.prompt_token_ids,
-            outputs=[s.completion(delta) for s in sequences],
+            prompt_token_ids=self.request.prompt_token_ids,
+            outputs=[self.sequence.completion(delta)] if self.sequence.changed or not delta else [],
             finished=finished,
             prompt_logprobs=prompt_logprobs,
             metrics=self.metrics,

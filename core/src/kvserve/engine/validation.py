@@ -1,14 +1,41 @@
-"""Checks at the door: a request the engine could never serve is refused before it is queued."""
+"""Checks at the door: a request the engine could never serve is refused before it is queued.
+
+A front end (``LLM``, ``AsyncLLM``, the server) checks each prompt once and hands the engine the
+:class:`CheckedRequest` it gets back; the engine takes it as it is.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from kvserve.errors import CapacityError
 from kvserve.interfaces.logits_processor import LogitsProcessor
 from kvserve.sampling import bad_word_token_ids
 from kvserve.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class CheckedRequest:
+    """A request :func:`check_request` accepted: what ``LLMEngine.add_request`` queues (picklable,
+    for an engine core in its own process)."""
+
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    bad_words_token_ids: list[list[int]]
+    """``params.bad_words`` as token sequences, tokenized and checked once."""
+    priority: int = 0
+    """Lower is more urgent (as in vLLM), for priority scheduling policies."""
+    cache_salt: str | None = None
+    """Keeps the request's prefix-cache entries apart from other tenants'."""
+    prompt: str | None = None
+    """The prompt's text, when it was given as text (reported back in the outputs)."""
+    after_prompt_of: str | None = None
+    """The id of a request whose prompt this one shares: it is admitted once that prompt's full
+    blocks are in the prefix cache (computed, or computing in the same step) or computed (the
+    later samples of an ``n > 1`` request wait so for the first one's); None: admitted as soon as
+    the scheduler can."""
 
 
 def check_request(
@@ -20,8 +47,11 @@ def check_request(
     max_n: int,
     tokenizer: Any,
     logits_processors: Sequence[type[LogitsProcessor]] = (),
-) -> list[list[int]]:
-    """Raise naming the field if the request can never run; returns ``params.bad_words`` as token ids.
+    prompt: str | None = None,
+    priority: int = 0,
+    cache_salt: str | None = None,
+) -> CheckedRequest:
+    """Raise naming the field if the request can never run; otherwise the request, checked.
 
     ValueError: an empty prompt; a token id outside ``[0, vocab_size)`` in the prompt,
     ``stop_token_ids``, ``allowed_token_ids``, ``logit_bias`` or the tokenized ``bad_words``;
@@ -47,7 +77,7 @@ def check_request(
         processor.validate_params(params)
     bad_words = bad_word_token_ids(params.bad_words, tokenizer)
     _check_token_ids("bad_words", [t for word in bad_words for t in word], vocab_size)
-    return bad_words
+    return CheckedRequest(list(prompt_token_ids), params, bad_words, priority, cache_salt, prompt)
 
 
 def _check_token_ids(field: str, token_ids: list[int], vocab_size: int) -> None:

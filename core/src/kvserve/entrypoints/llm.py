@@ -11,6 +11,7 @@ from tqdm.auto import tqdm
 from kvserve.chat_template import render_chat
 from kvserve.config import EngineConfig
 from kvserve.engine.llm_engine import LLMEngine
+from kvserve.engine.parallel_sampling import ParentRequest
 from kvserve.outputs import RequestOutput
 from kvserve.sampling_params import SamplingParams
 
@@ -60,17 +61,23 @@ class LLM:
             raise ValueError(f"sampling_params: {len(sampling_params)} given for {len(prompts)} prompts")
         priority = list(priority) if priority is not None else [0] * len(prompts)
         parsed = [self._parse_prompt(i, p) for i, p in enumerate(prompts)]
-
+        requests = [  # every prompt checked, once, before any is queued
+            self.engine.check_request(
+                token_ids, params.model_copy(update={"output_kind": "final_only"}), prompt=text, priority=prio
+            )
+            for (text, token_ids), params, prio in zip(parsed, sampling_params, priority)
+        ]
         ids = [f"offline-{next(self._ids)}" for _ in prompts]
-        try:
-            for request_id, (text, token_ids), params, prio in zip(ids, parsed, sampling_params, priority):
-                params = params.model_copy(update={"output_kind": "final_only"})
-                self.engine.add_request(request_id, token_ids, params, prio, prompt=text)
-        except Exception:
-            for request_id in ids:
-                self.engine.abort_request(request_id)
-            raise
-        return self._run(ids, use_tqdm)
+        parents: dict[str, ParentRequest] = {}  # engine request id -> the n > 1 request it is a sample of
+        for request_id, request in zip(ids, requests):
+            if request.params.n == 1:
+                self.engine.add_request(request_id, request)
+                continue
+            parent = ParentRequest(request_id, request)
+            for child_id, child in parent.children.items():
+                parents[child_id] = parent
+                self.engine.add_request(child_id, child)
+        return self._run(ids, parents, use_tqdm)
 
     def _parse_prompt(self, index: int, prompt: Any) -> tuple[str | None, list[int]]:
         """``(text or None, token ids)`` of prompt ``index`` in any of the :data:`Prompt` forms."""
@@ -112,13 +119,22 @@ class LLM:
             output.prompt = prompt  # the templated text, as vLLM reports it
         return outputs
 
-    def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+    def _run(self, ids: list[str], parents: dict[str, ParentRequest], use_tqdm: bool) -> list[RequestOutput]:
+        """Step until every request in ``ids`` has its final output (samples of an ``n > 1`` request
+        merged into its own: ``parents``)."""
         results: dict[str, RequestOutput] = {}
         with tqdm(total=len(ids), desc="Generating", disable=not use_tqdm, unit="req") as bar:
             while len(results) < len(ids):
                 if not self.engine.has_unfinished_requests():
                     raise RuntimeError(f"engine stopped with {len(ids) - len(results)} requests unanswered")
                 for output in self.engine.step():
+                    parent = parents.get(output.request_id)
+                    if parent is not None:
+                        output = parent.add(output)
+                        if output is None:
+                            continue
+                        for child_id in parent.unfinished_children():  # one sample failed: the others stop
+                            self.engine.abort_request(child_id)
                     if output.finished:
                         results[output.request_id] = output
                         bar.update(1)

@@ -24,9 +24,5 @@ class Executor(ABC):
         """One forward over every token of ``step`` on every rank: rank 0's logits. Raises (naming
         the rank) when a worker failed or died; the engine then stops."""
 
-    @abstractmethod
-    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
-        """Copy whole KV blocks ``src -> dst`` in every layer of every rank's cache."""
-
     def shutdown(self) -> None:  # noqa: B027 - nothing to release in process
         """Stop every worker (idempotent); no worker process outlives it."""

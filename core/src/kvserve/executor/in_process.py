@@ -17,6 +17,3 @@ class InProcessExecutor(Executor):
 
     def execute(self, step: StepInput) -> StepLogits:
         return self.runner.execute(step)
-
-    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
-        self.runner.copy_blocks(pairs)

@@ -63,10 +63,6 @@ class MultiprocExecutor(Executor):
         self._broadcast(("step", step))
         return self._receive(0, "logits", "failed in a step", None)
 
-    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
-        if pairs:
-            self._broadcast(("copy", pairs))
-
     def shutdown(self) -> None:
         self._finalizer()
 
@@ -150,9 +146,6 @@ def worker_main(
             kind, payload = pickle.loads(conn.recv_bytes())
             if kind == "stop":
                 break
-            if kind == "copy":
-                worker.copy_blocks(payload)
-                continue
             step = worker.execute(payload)
             if step is not None:
                 send("logits", step)

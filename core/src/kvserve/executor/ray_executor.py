@@ -103,10 +103,6 @@ class RayExecutor(Executor):
         ref = self.ray.put(step)
         return self._gather([actor.execute.remote(ref) for actor in self.actors], "failed in a step", None)[0]
 
-    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
-        if pairs:
-            self._gather([actor.copy_blocks.remote(pairs) for actor in self.actors], "failed in a step", None)
-
     def shutdown(self) -> None:
         self._finalizer()
 

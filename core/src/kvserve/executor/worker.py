@@ -69,10 +69,6 @@ class Worker:
         logits = self.runner.execute(step)
         return logits.to("cpu") if self.rank == 0 else None
 
-    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
-        """Copy whole KV blocks ``src -> dst`` in every layer of this rank's cache."""
-        self.runner.copy_blocks(pairs)
-
     def pid(self) -> int:
         """This worker's process id."""
         return os.getpid()

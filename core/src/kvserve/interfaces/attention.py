@@ -145,8 +145,6 @@ class AttentionBackend(ABC):
     """Block sizes must be a multiple of this (FlashAttention 2: 256)."""
     default_block_size: ClassVar[int] = 16
     """Block size used under ``block_size="auto"``; must be a multiple of ``block_size_multiple``."""
-    kv_cache_block_dim: ClassVar[int] = 1
-    """Which dimension of :meth:`kv_cache_shape` indexes blocks (used by the default :meth:`copy_blocks`)."""
     kv_cache_in_model_dtype: ClassVar[bool] = False
     """True: K/V are stored only in the model dtype; the base refuses any other ``spec.kv_cache_dtype``."""
     required_library: ClassVar[OptionalLibrary | None] = None
@@ -238,8 +236,8 @@ class AttentionBackend(ABC):
     def allocate_kv_cache(self, num_blocks: int) -> list[Any]:
         """One KV cache per layer (``spec.num_layers`` entries), each holding ``num_blocks`` blocks.
 
-        What an entry is belongs to the backend: :meth:`write_kv`, :meth:`forward` and
-        :meth:`copy_blocks` receive it back. The default is a zeroed tensor of
+        What an entry is belongs to the backend: :meth:`write_kv` and :meth:`forward` receive
+        it back. The default is a zeroed tensor of
         :meth:`kv_cache_shape` in ``spec.cache_dtype`` on ``spec.device`` per layer.
         """
         import torch
@@ -249,16 +247,6 @@ class AttentionBackend(ABC):
             torch.zeros(shape, dtype=self.spec.cache_dtype, device=self.spec.device)
             for _ in range(self.spec.num_layers)
         ]
-
-    def copy_blocks(self, kv_caches: list[Any], src: torch.Tensor, dst: torch.Tensor) -> None:
-        """Copy whole blocks ``src[i] -> dst[i]`` in every layer's cache (copy-on-write of a shared block).
-
-        ``src`` and ``dst`` are int64 block ids on ``spec.device``. The default handles tensor
-        caches whose dimension :attr:`kv_cache_block_dim` indexes blocks.
-        """
-        dim = self.kv_cache_block_dim
-        for cache in kv_caches:
-            cache.index_copy_(dim, dst, cache.index_select(dim, src))
 
     @abstractmethod
     def build_metadata(self, batch: AttentionBatch) -> Any:

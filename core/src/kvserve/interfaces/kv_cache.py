@@ -124,21 +124,6 @@ class KVCacheManager(ABC):
         being scheduled) are no longer offered.
         """
 
-    def fork(self, parent: Request, child: Request) -> list[tuple[int, int]] | None:
-        """Give ``child`` (holding no blocks) the KV of ``parent``'s first ``child.num_computed_tokens`` tokens.
-
-        For ``n > 1`` sampling: the two sequences agree on those tokens, whose KV the parent's
-        blocks hold (the engine may fork right after the step that computed them, before the
-        scheduler's update advances ``parent.num_computed_tokens``). Full blocks are shared
-        (one more holder each); a partially filled last block is copied into a fresh block the
-        child owns (copy on write), since both sequences will write different tokens after it.
-        Returns the ``(src_block, dst_block)`` pairs whose KV the engine must copy before the
-        child's next step (empty without a partial block), or None, holding nothing new, when
-        no free block is available. Managers that do not support ``n > 1`` keep this default,
-        which raises NotImplementedError.
-        """
-        raise NotImplementedError(f"KV cache manager {self.name!r} cannot fork requests (n > 1)")
-
     @abstractmethod
     def block_table(self, request_id: str) -> list[int]:
         """The physical block ids of ``request_id``, in token order."""

@@ -131,15 +131,6 @@ class Scheduler(ABC):
         does with requests waiting for a grammar). Each step asks it again.
         """
 
-    def add_running(self, request: Request) -> None:
-        """Run a request that already holds KV blocks for its ``num_computed_tokens`` tokens.
-
-        For ``n > 1``: a sequence forked from its leader with :meth:`KVCacheManager.fork`
-        joins the running set directly, even past ``max_num_seqs`` for a while. Schedulers
-        that do not support this keep the default, which raises NotImplementedError.
-        """
-        raise NotImplementedError(f"scheduler {self.name!r} cannot take forked requests (n > 1)")
-
     @abstractmethod
     def abort_request(self, request_id: str) -> Request | None:
         """Drop a waiting or running request and free its blocks; returns it, or None if unknown."""

@@ -10,7 +10,7 @@ NULL_BLOCK = 0
 class BlockPool:
     """Hands out block ids ``1 .. num_blocks-1``; block 0 is the null block used for padding.
 
-    A block is free when its reference count is 0. Sharing a block (prefix caching, ``n > 1``)
+    A block is free when its reference count is 0. Sharing a block (prefix caching)
     increments its count; it joins the back of the free queue when the last holder releases it.
     Allocation takes blocks from the front, so the block freed longest ago is reused first:
     a free block may still hold KV worth reusing (a prefix cache hit takes it back with

@@ -110,31 +110,6 @@ class PagedKVCacheManager(KVCacheManager):
         # before the head other prompts are likelier to share.
         self.pool.release(self.tables.pop(request.request_id)[::-1])
 
-    def fork(self, parent: Request, child: Request) -> list[tuple[int, int]] | None:
-        if child.request_id in self.tables:
-            raise ValueError(f"fork: child {child.request_id!r} already holds blocks")
-        parent_table = self.tables[parent.request_id]
-        if child.num_computed_tokens > len(parent_table) * self.block_size:
-            raise ValueError(
-                f"fork: child {child.request_id!r} needs {child.num_computed_tokens} tokens of KV, "
-                f"parent {parent.request_id!r} holds blocks for {len(parent_table) * self.block_size}"
-            )
-        num_full, partial = divmod(child.num_computed_tokens, self.block_size)
-        copies: list[tuple[int, int]] = []
-        table = parent_table[:num_full]
-        if partial:
-            if self.pool.num_free() == 0:
-                return None
-            (fresh,) = self._take(1)
-            copies.append((parent_table[num_full], fresh))
-        for block in table:
-            self.pool.share(block)
-        self.tables[child.request_id] = table + [dst for _, dst in copies]
-        # The child re-registers the shared blocks as it goes: the cache hands back the
-        # parent's entries for them, so both chains continue from the same entries.
-        self._chains[child.request_id] = _Chain()
-        return copies
-
     def block_table(self, request_id: str) -> list[int]:
         return self.tables[request_id]
 

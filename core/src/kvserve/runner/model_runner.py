@@ -126,11 +126,3 @@ class ModelRunner:
             for chunk, (first, stop) in step.prompt_logit_spans.items()
         }
         return StepLogits(logits, step.sample_start_loc, prompt_logits)
-
-    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
-        """Copy whole KV blocks ``src -> dst`` in every layer (copy-on-write of a shared block)."""
-        if not pairs:
-            return
-        src = torch.tensor([p[0] for p in pairs], dtype=torch.int64, device=self.device)
-        dst = torch.tensor([p[1] for p in pairs], dtype=torch.int64, device=self.device)
-        self.backend.copy_blocks(self.kv_caches, src, dst)

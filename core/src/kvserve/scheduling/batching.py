@@ -78,11 +78,6 @@ class BatchingScheduler(Scheduler):
         request.status = RequestStatus.WAITING
         bisect.insort(self.waiting, request, key=self._queue_key)
 
-    def add_running(self, request: Request) -> None:
-        self._arrival_index[request.request_id] = next(self._arrival)
-        request.status = RequestStatus.RUNNING
-        self.running.append(request)
-
     def abort_request(self, request_id: str) -> Request | None:
         for queue in (self.waiting, self.running):
             for request in queue:

@@ -37,20 +37,19 @@ class GenerationRun(ABC):
     def __init__(
         self, state: ServerState, body: GenerationRequest, params: SamplingParams, prompts: list[list[int]]
     ) -> None:
-        state.validate(prompts, params)
+        self.requests = state.validate(prompts, params, body.priority)
         self.state = state
         self.params = params
         self.prompts = prompts
         self.stream = bool(body.stream)
         self.include_usage = body.include_usage
-        self.priority = body.priority
         self.id = f"{self.id_prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.choices = Choices([len(p) for p in prompts], params.n)
 
     def outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
         """Delta outputs of every prompt, tagged with the prompt's index."""
-        return self.state.generate(self.prompts, self.params, self.priority)
+        return self.state.generate(self.requests)
 
     async def respond(self, request: Request) -> Response:
         sequences = len(self.prompts) * self.params.n

@@ -12,6 +12,7 @@ from pydantic import BaseModel
 
 from kvserve.config import ServerConfig
 from kvserve.engine.async_llm import AsyncLLM
+from kvserve.engine.validation import CheckedRequest
 from kvserve.errors import CapacityError
 from kvserve.loader.default_model import EMBEDDED_MODEL_NAME
 from kvserve.outputs import RequestOutput
@@ -58,13 +59,13 @@ class ServerState:
                 "model_not_found",
             )
 
-    def validate(self, prompts: list[list[int]], params: SamplingParams) -> None:
-        """Reject, before anything is queued or streamed, a prompt the engine could never serve."""
-        for token_ids in prompts:
-            try:
-                self.llm.validate_prompt(token_ids, params)
-            except (ValueError, CapacityError) as exc:  # the message names the field
-                raise engine_error(exc) from None
+    def validate(self, prompts: list[list[int]], params: SamplingParams, priority: int) -> list[CheckedRequest]:
+        """Each prompt checked, once, before anything is queued or streamed: a prompt the engine could
+        never serve is refused (400, naming the field); :meth:`generate` takes the checked requests."""
+        try:
+            return [self.llm.validate_prompt(token_ids, params, priority=priority) for token_ids in prompts]
+        except (ValueError, CapacityError) as exc:  # the message names the field
+            raise engine_error(exc) from None
 
     def acquire_slots(self, sequences: int) -> None:
         """Count a request's ``sequences`` in flight, or refuse with 429 if they would go over the limit."""
@@ -81,14 +82,11 @@ class ServerState:
     def release_slots(self, sequences: int) -> None:
         self.in_flight -= sequences
 
-    def generate(
-        self, prompts: list[list[int]], params: SamplingParams, priority: int
-    ) -> AsyncIterator[tuple[int, RequestOutput]]:
-        """Delta outputs of every prompt as they come, tagged with the prompt's index."""
+    def generate(self, requests: list[CheckedRequest]) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """Outputs of every (validated) prompt as they come, tagged with the prompt's index."""
         base = uuid.uuid4().hex
         streams = [
-            self.metrics.observe(self.llm.generate(ids, params, f"{base}-{i}", priority=priority))
-            for i, ids in enumerate(prompts)
+            self.metrics.observe(self.llm.generate(request, None, f"{base}-{i}")) for i, request in enumerate(requests)
         ]
         return merge_streams(streams)
 

@@ -16,7 +16,6 @@ class NaiveAttentionBackend(AttentionBackend):
     device_types = ("cpu",)
     supported_dtypes = ("float32", "bfloat16")
     default_block_size = 8
-    kv_cache_block_dim = 0  # blocks come first in this layout (the default copy_blocks needs to know)
 
     def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
         spec = self.spec

@@ -28,7 +28,7 @@ def spec(**changes) -> AttentionSpec:
 def test_registered_with_the_facts_of_flashinfer():
     backend = load_component("attention_backend", "flashinfer")
     assert backend.device_types == ("cuda",) and backend.supported_dtypes == ("float16", "bfloat16")
-    assert backend.supported_head_sizes == (64, 128, 256) and backend.kv_cache_block_dim == 0
+    assert backend.supported_head_sizes == (64, 128, 256)
 
 
 def test_refusals_name_dtype_head_size_and_kv_dtype():

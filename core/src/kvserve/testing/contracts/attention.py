@@ -198,8 +198,7 @@ class AttentionBackendContract(ComponentContract):
       :attr:`probe_head_sizes` is either refused with a reason naming it or computed correctly;
     - class facts are consistent (registry name, device types, dtypes, block sizes); the cache
       layout too (``kv_cache_shape`` holds K and V of every slot, ``kv_cache_bytes_per_block``
-      counts at least that, ``allocate_kv_cache`` gives one cache per layer, ``copy_blocks``
-      copies whole blocks and nothing else).
+      counts at least that, ``allocate_kv_cache`` gives one cache per layer).
 
     Tests run on the first installed, available platform whose device type the backend
     supports (or :attr:`platform_name`); without one they are skipped with the reason. A Triton
@@ -453,8 +452,7 @@ class AttentionBackendContract(ComponentContract):
     def test_kv_cache_layout_is_consistent(self, component, target_platform):
         """``kv_cache_shape`` holds exactly K and V of every slot, ``kv_cache_bytes_per_block``
         counts at least that (the engine sizes the pool from it), ``workspace_bytes`` is a
-        size, ``allocate_kv_cache`` gives one cache per layer and ``copy_blocks`` copies whole
-        blocks in every layer and nothing else."""
+        size and ``allocate_kv_cache`` gives one cache per layer."""
         dtype = next((d for d in self.dtypes if d in component.supported_dtypes), self.dtypes[0])
         head_dim = self.head_sizes[0]
         layers = (layer_spec(head_dim),) * 2
@@ -483,40 +481,6 @@ class AttentionBackendContract(ComponentContract):
         assert len(caches) == spec.num_layers, (
             f"allocate_kv_cache gave {len(caches)} caches for a spec of {spec.num_layers} layers"
         )
-        batch = build_batch([[1, 2, 3, 4]], [0], [4 * spec.block_size], spec.block_size, spec.device)
-        gen = torch.Generator().manual_seed(11)
-        for cache in caches:  # blocks 1-4 hold distinct K/V, block 0 keeps what allocation left
-            key, value = torch.randn(2, batch.num_tokens, spec.num_kv_heads, head_dim, generator=gen)
-            backend.write_kv(cache, key.to(spec.dtype).to(spec.device), value.to(spec.dtype).to(spec.device),
-                             backend.build_metadata(batch))  # fmt: skip
-        before = [self.kv_slots(c, num_blocks, spec.block_size, spec.num_kv_heads, head_dim) for c in caches]
-        device = spec.device
-        src, dst = torch.tensor([1, 3], device=device), torch.tensor([4, 2], device=device)
-        backend.copy_blocks(caches, src, dst)
-        target_platform.synchronize()
-        bs = spec.block_size
-        for layer, (cache, old) in enumerate(zip(caches, before)):
-            new = self.kv_slots(cache, num_blocks, bs, spec.num_kv_heads, head_dim)
-            if new is None or old is None:
-                warnings.warn(
-                    f"kv cache layout {tuple(cache.shape)} not understood: override kv_slots() in "
-                    f"{type(self).__name__} to check copy_blocks",
-                    pytest.PytestWarning,
-                    stacklevel=1,
-                )
-                return
-            for which, was, now in zip(("key", "value"), old, new):
-                was, now = was.cpu(), now.cpu()
-                expected = was.clone()
-                expected[4 * bs : 5 * bs], expected[2 * bs : 3 * bs] = was[1 * bs : 2 * bs], was[3 * bs : 4 * bs]
-                if not torch.equal(now, expected):
-                    wrong = sorted(
-                        {slot // bs for slot in (now != expected).any(-1).any(-1).nonzero().flatten().tolist()}
-                    )
-                    violation(
-                        f"copy_blocks(src=[1, 3], dst=[4, 2]) left the {which}s of layer {layer} wrong in blocks "
-                        f"{wrong}: block 4 must become a copy of block 1, block 2 of block 3, the rest unchanged"
-                    )
 
     def test_matches_reference(self, component, target_platform, case: AttentionCase):
         """``write_kv`` then ``forward`` on a random paged batch equals the float64 reference."""

@@ -40,8 +40,7 @@ class KVCacheManagerContract(ComponentContract):
     - prefix caching (section below): computed full blocks are reused by requests with the
       same leading tokens (and cache salt), shared blocks stay held until their last holder
       frees them, unreferenced cached blocks are evicted when space is needed, lookups are
-      pure, stats count admitted lookups, ``reset_prefix_cache`` refuses while blocks are held,
-      and ``fork`` (when implemented) shares full blocks and copies the partial one;
+      pure, stats count admitted lookups, and ``reset_prefix_cache`` refuses while blocks are held;
     - lookahead (when ``truncate`` is implemented): slots for draft tokens past the request's
       tokens, ``truncate`` gives back exactly the blocks past the kept tokens (shared blocks keep
       their other holders), refuses to drop computed tokens, and a block holding drafts, or the
@@ -462,28 +461,3 @@ class KVCacheManagerContract(ComponentContract):
         manager.free(b)
         assert manager.reset_prefix_cache() is True
         assert manager.num_cached_tokens(make_request("d", range(9))) == 0, "reset kept cached blocks"
-
-    def test_fork_shares_full_blocks_and_copies_the_partial_one(self, component):
-        """For ``n > 1``: ``fork`` gives the child the parent's full blocks (shared) and a fresh
-        copy of the partially filled one, returning that copy as ``(src, dst)``. Managers that do
-        not support ``n > 1`` raise NotImplementedError (skipped)."""
-        manager = self.make(component)
-        parent = make_request("parent", range(10))
-        self.admit(manager, parent)
-        parent.num_computed_tokens = parent.num_tokens
-        child = make_request("child", range(10))
-        child.num_computed_tokens = 10
-        try:
-            copies = manager.fork(parent, child)
-        except NotImplementedError:
-            pytest.skip(f"{self.kv_cache_manager!r} does not support fork (n > 1)")
-        parent_table, child_table = manager.block_table("parent"), manager.block_table("child")
-        assert child_table[:2] == parent_table[:2], f"full blocks must be shared: {parent_table} vs {child_table}"
-        assert copies == [(parent_table[2], child_table[2])] and child_table[2] not in parent_table, (
-            f"the partial block must be copied into a fresh block: copies {copies}, "
-            f"tables {parent_table} / {child_table}"
-        )
-        self.assert_accounting(manager, [parent, child], "after fork")
-        manager.free(parent)
-        manager.free(child)
-        self.assert_accounting(manager, [], "after freeing parent and child")

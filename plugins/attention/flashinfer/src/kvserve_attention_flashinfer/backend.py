@@ -50,7 +50,6 @@ class FlashInferBackend(AttentionBackend):
     supported_dtypes = ("float16", "bfloat16")
     supported_head_sizes = (64, 128, 256)
     default_block_size = 16
-    kv_cache_block_dim = 0
     kv_cache_in_model_dtype = True
     required_library = FLASHINFER
 
