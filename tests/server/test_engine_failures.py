@@ -18,8 +18,8 @@ import openai
 import pytest
 
 from kvserve.config import EngineConfig
-from kvserve.engine.async_llm import AsyncLLM
 from kvserve.errors import EngineDeadError
+from kvserve.frontend.async_llm import AsyncLLM
 from kvserve.sampling import Sampler
 from kvserve.sampling_params import SamplingParams
 from kvserve.testing.engine_faults import FailingForward
@@ -100,7 +100,7 @@ def test_a_failing_forward_reaches_20_async_and_20_http_callers_within_5s(
             if death == "forward":
                 broken.touch()
             else:
-                os.kill(llm.core.process.pid, signal.SIGKILL)
+                os.kill(llm.client.process.pid, signal.SIGKILL)
             killed = time.monotonic()
             consumers.join(timeout=30)
             for future in futures:
@@ -116,7 +116,7 @@ def test_a_failing_forward_reaches_20_async_and_20_http_callers_within_5s(
     if mode == "thread":
         assert llm.engine.kv_cache_manager.num_free_blocks() == llm.engine.kv_cache_manager.num_blocks - 1
     else:  # the core is gone, with the exit of its death
-        assert llm.core.process.exitcode == (1 if death == "forward" else -signal.SIGKILL)
+        assert llm.client.process.exitcode == (1 if death == "forward" else -signal.SIGKILL)
 
 
 async def _gather(coroutines) -> None:
@@ -145,7 +145,7 @@ def test_shutdown_answers_pending_and_later_generate_calls(tiny_model_dir: Path,
     if mode == "thread":
         assert not llm.engine.has_unfinished_requests()
     else:
-        assert llm.core.process.exitcode == 0
+        assert llm.client.process.exitcode == 0
 
 
 @pytest.mark.parametrize("mode", ["thread", "process"])

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from kvserve.config import EngineConfig
-from kvserve.engine.async_llm import AsyncLLM
-from kvserve.engine.output_collector import merge_delta
 from kvserve.errors import ConfigError
+from kvserve.frontend.async_llm import AsyncLLM
+from kvserve.frontend.output_stream import merge_delta
 from kvserve.sampling_params import SamplingParams
 
 REQUESTS = [  # every path of the output processor: stop strings, n > 1, logprobs, deltas, echo of the prompt
@@ -88,11 +88,11 @@ def test_a_core_that_cannot_load_raises_the_engines_error(tiny_model_dir: Path) 
 FRONTEND = textwrap.dedent("""
     import sys, time
     from kvserve.config import EngineConfig
-    from kvserve.engine.async_llm import AsyncLLM
+    from kvserve.frontend.async_llm import AsyncLLM
 
     if __name__ == "__main__":
         llm = AsyncLLM.from_config(EngineConfig.from_flat(model=sys.argv[1], engine_process=True))
-        print(llm.core.process.pid, flush=True)
+        print(llm.client.process.pid, flush=True)
         time.sleep(600)
 """)
 

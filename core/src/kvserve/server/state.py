@@ -11,8 +11,8 @@ from fastapi import Request, Response
 from pydantic import BaseModel
 
 from kvserve.config import ServerConfig
-from kvserve.engine.async_llm import AsyncLLM
 from kvserve.errors import CapacityError
+from kvserve.frontend.async_llm import AsyncLLM
 from kvserve.loader.default_model import EMBEDDED_MODEL_NAME
 from kvserve.outputs import RequestOutput
 from kvserve.sampling_params import SamplingParams

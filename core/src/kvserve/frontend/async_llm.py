@@ -1,11 +1,11 @@
 """``AsyncLLM``: many concurrent async consumers served by one batched step loop.
 
-The frontend (this class: tokenization, validation, the streams) drives an engine core
-(:mod:`kvserve.engine.core_client`): on a thread of this process, or in its own process behind
+The frontend (this class: tokenization, validation, the streams) drives an engine core through
+an :class:`~kvserve.frontend.client.EngineCoreClient`: on a thread of this process, or in its own process behind
 ZeroMQ (``server.engine_process``), so the server's HTTP, JSON and SSE work never takes the
 GIL from the step loop. Each step's outputs come back in one ``loop.call_soon_threadsafe`` (one
 wake-up of the event loop per step, not per request), into each request's
-:class:`~kvserve.engine.output_collector.OutputCollector`.
+:class:`~kvserve.frontend.output_stream.OutputStream`.
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ from contextlib import suppress
 from typing import Any
 
 from kvserve.config import EngineConfig
-from kvserve.engine.core_client import EngineCoreClient
 from kvserve.engine.llm_engine import LLMEngine
-from kvserve.engine.output_collector import OutputCollector
 from kvserve.engine.stats import EngineStats
-from kvserve.engine.thread_core import ThreadCore
 from kvserve.engine.validation import check_request
 from kvserve.errors import EngineDeadError, RequestError
+from kvserve.frontend.client import EngineCoreClient
+from kvserve.frontend.output_stream import OutputStream
+from kvserve.frontend.thread_client import ThreadClient
 from kvserve.outputs import RequestOutput
 from kvserve.sampling_params import SamplingParams
 
@@ -37,17 +37,18 @@ class AsyncLLM:
     unanswered.
     """
 
-    def __init__(self, core: LLMEngine | EngineCoreClient) -> None:
-        self.core: EngineCoreClient = ThreadCore(core) if isinstance(core, LLMEngine) else core
-        self.engine: LLMEngine | None = getattr(self.core, "engine", None)
+    def __init__(self, engine: LLMEngine | EngineCoreClient) -> None:
+        """Serve ``engine``: an ``LLMEngine`` (stepped on a thread of this process) or a client of one."""
+        self.client: EngineCoreClient = ThreadClient(engine) if isinstance(engine, LLMEngine) else engine
+        self.engine: LLMEngine | None = getattr(self.client, "engine", None)
         """The engine itself when it runs in this process; None when it has its own."""
-        self.info = self.core.info
-        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, OutputCollector]] = {}
+        self.info = self.client.info
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, OutputStream]] = {}
         self._lock = threading.Lock()
         self._closed: str | None = None
         """Why the core no longer serves (set under ``_lock``); None while it runs."""
         self.dead_error: BaseException | None = None
-        self.core.start(self)
+        self.client.start(self)
 
     @classmethod
     def from_config(cls, config: EngineConfig, *, core_setup: Callable[[LLMEngine], Any] | None = None) -> AsyncLLM:
@@ -56,17 +57,17 @@ class AsyncLLM:
         runs on it before it serves (instrumentation; tests inject faults with it)."""
         config = config.for_serving()
         if config.server.engine_process:
-            from kvserve.engine.process_core import ProcessCore  # pyzmq: the server extra
+            from kvserve.frontend.process_client import ProcessClient  # pyzmq: the server extra
 
-            return cls(ProcessCore(config, core_setup))
+            return cls(ProcessClient(config, core_setup))
 
-        def build() -> LLMEngine:  # on the step loop's thread (see ThreadCore)
+        def build() -> LLMEngine:  # on the step loop's thread (see ThreadClient)
             engine = LLMEngine(config)
             if core_setup is not None:
                 core_setup(engine)
             return engine
 
-        return cls(ThreadCore(build))
+        return cls(ThreadClient(build))
 
     @property
     def tokenizer(self) -> Any:
@@ -74,7 +75,7 @@ class AsyncLLM:
 
     def stats(self) -> EngineStats:
         """The engine's counters and gauges (for ``/metrics``)."""
-        return self.core.stats()
+        return self.client.stats()
 
     def validate_prompt(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raise naming the field if this request can never be served (see ``check_request``);
@@ -107,7 +108,7 @@ class AsyncLLM:
         text = prompt if isinstance(prompt, str) else None
         token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         self.validate_prompt(token_ids, params)
-        stream = OutputCollector(delta=params.output_kind == "delta")
+        stream = OutputStream(delta=params.output_kind == "delta")
         with self._lock:
             if self._closed is not None:
                 raise EngineDeadError(self._closed)
@@ -116,7 +117,7 @@ class AsyncLLM:
             self._streams[request_id] = (asyncio.get_running_loop(), stream)
         finished = False
         try:
-            self.core.add_request(dict(request_id=request_id, prompt_token_ids=token_ids, params=params,
+            self.client.add_request(dict(request_id=request_id, prompt_token_ids=token_ids, params=params,
                                        priority=priority, prompt=text, cache_salt=cache_salt))  # fmt: skip
             while not finished:
                 item = await stream.get()
@@ -131,15 +132,15 @@ class AsyncLLM:
             with self._lock:
                 self._streams.pop(request_id, None)
             if not finished:
-                self.core.abort_request(request_id)
+                self.client.abort_request(request_id)
 
     async def abort(self, request_id: str) -> None:
         """Stop ``request_id``; its blocks are freed before the next step."""
-        self.core.abort_request(request_id)
+        self.client.abort_request(request_id)
 
     def shutdown(self) -> None:
         """Stop the core after the current step; in-flight and later requests get EngineDeadError."""
-        self.core.shutdown()
+        self.client.shutdown()
 
     # -- OutputSink: called by the core, from its thread -----------------------------------
     def deliver(self, request_id: str, item: Any) -> None:
@@ -152,7 +153,7 @@ class AsyncLLM:
 
     def deliver_step(self, outputs: list[RequestOutput]) -> None:
         """Hand one step's outputs over: one call into each consumer's event loop for all of them."""
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[OutputCollector, RequestOutput]]] = {}
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[OutputStream, RequestOutput]]] = {}
         streams = self._streams
         for output in outputs:
             target = streams.get(output.request_id)
@@ -172,6 +173,6 @@ class AsyncLLM:
             self.deliver(request_id, EngineDeadError(reason))
 
 
-def _put_all(items: list[tuple[OutputCollector, RequestOutput]]) -> None:
+def _put_all(items: list[tuple[OutputStream, RequestOutput]]) -> None:
     for stream, output in items:
         stream.put(output)
