@@ -166,6 +166,35 @@ def test_generate_calls_racing_the_engines_death_all_get_the_error(tiny_model_di
     finally:
         llm.shutdown()
     assert all(isinstance(r, EngineDeadError) for r in results), results
+    # What killed the loop reaches the frontend as it was raised, whichever transport carried it.
+    assert type(llm.dead_error) is EngineDeadError
+    assert str(llm.dead_error) == "the engine stopped: its step failed with RuntimeError: simulated device failure"
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_a_request_the_engine_refuses_gets_the_error_and_the_engine_serves_on(tiny_model_dir: Path, mode: str) -> None:
+    """A batch-level processor's ``validate_params`` runs in the engine, so the step loop's transport
+    carries the refusal back to the caller; the engine keeps serving, the refused id included."""
+    llm = _engine(tiny_model_dir, mode, logits_processors=["no_repeat_ngram"])
+    refused = SamplingParams(max_tokens=4, extra_args={"no_repeat_ngram_size": 0})
+    fine = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, extra_args={"no_repeat_ngram_size": 2})
+
+    async def generate(params: SamplingParams) -> list[int]:
+        async def last() -> list[int]:
+            async for output in llm.generate("the quick brown fox", params, "same-id"):
+                final = output
+            return final.outputs[0].token_ids
+
+        return await asyncio.wait_for(last(), 30)  # a refusal that never arrives would hang the caller
+
+    try:
+        with pytest.raises(ValueError, match=r"extra_args\.no_repeat_ngram_size: must be a positive integer, got 0"):
+            asyncio.run(generate(refused))
+        assert len(asyncio.run(generate(fine))) == 4
+        assert llm.dead_error is None
+        _wait_for(lambda: _in_engine(llm) == 0, 5, "the engine to hold no request")  # the stats lag a step behind
+    finally:
+        llm.shutdown()
 
 
 @pytest.mark.parametrize("server", ["thread", "process"], indirect=True)  # process_llm fails seed 666 itself
