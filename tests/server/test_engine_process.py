@@ -56,7 +56,7 @@ async def _collect(llm: AsyncLLM) -> tuple[list, list[float]]:
     return streams, values
 
 
-def test_the_process_core_streams_what_the_thread_core_does(tiny_llm: AsyncLLM, process_llm: AsyncLLM) -> None:
+def test_the_engine_process_streams_what_the_engine_thread_does(tiny_llm: AsyncLLM, process_llm: AsyncLLM) -> None:
     (in_thread, thread_values), (in_process, process_values) = (
         asyncio.run(_collect(llm)) for llm in (tiny_llm, process_llm)
     )
