@@ -1,9 +1,9 @@
 """``AsyncLLM``: many concurrent async consumers served by one batched step loop.
 
-The frontend (this class: tokenization, validation, the streams) drives an engine core through
-an :class:`~kvserve.frontend.client.EngineCoreClient`: on a thread of this process, or in its own process behind
-ZeroMQ (``server.engine_process``), so the server's HTTP, JSON and SSE work never takes the
-GIL from the step loop. Each step's outputs come back in one ``loop.call_soon_threadsafe`` (one
+The frontend (this class: tokenization, validation, the streams) drives an engine core through an
+:class:`~kvserve.frontend.client.EngineCoreClient`: on a thread of this process, or in its own
+process behind ZeroMQ (``server.engine_process``), so the server's HTTP, JSON and SSE work never
+takes the GIL from the step loop. Each step's outputs come back in one ``loop.call_soon_threadsafe`` (one
 wake-up of the event loop per step, not per request), into each request's
 :class:`~kvserve.frontend.output_stream.OutputStream`.
 """
@@ -71,6 +71,7 @@ class AsyncLLM:
 
     @property
     def tokenizer(self) -> Any:
+        """The engine's tokenizer (a copy of it when the engine has its own process)."""
         return self.info.tokenizer
 
     def stats(self) -> EngineStats:
