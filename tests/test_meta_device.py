@@ -7,7 +7,7 @@ import torch
 
 from kvserve.config import EngineConfig
 from kvserve.engine.llm_engine import LLMEngine
-from kvserve.engine.parallel_sampling import ParentRequest
+from kvserve.frontend.parallel_sampling import ParentRequest
 from kvserve.sampling_params import SamplingParams
 from kvserve.testing.hf_models import build_tiny_model
 

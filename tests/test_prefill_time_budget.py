@@ -8,7 +8,7 @@ import pytest
 
 from kvserve import LLM, SamplingParams
 from kvserve.config import SERVING_MAX_DECODE_SLOWDOWN, EngineConfig
-from kvserve.engine.async_llm import AsyncLLM
+from kvserve.frontend.async_llm import AsyncLLM
 from kvserve.scheduling.prefill_time_budget import split_tokens
 from kvserve.testing.hf_models import build_tiny_model
 

@@ -9,8 +9,8 @@ import transformers
 from tokenizers.decoders import DecodeStream
 
 from kvserve import LLM, SamplingParams
-from kvserve.engine.async_llm import AsyncLLM, EngineDeadError
-from kvserve.engine.parallel_sampling import ParentRequest
+from kvserve.frontend.async_llm import AsyncLLM, EngineDeadError
+from kvserve.frontend.parallel_sampling import ParentRequest
 from kvserve.testing.hf_models import build_tiny_model
 
 PROMPT = "Paged attention stores keys and values in fixed size blocks"

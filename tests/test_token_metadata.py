@@ -19,7 +19,7 @@ import pytest
 
 from kvserve import LLM, SamplingParams
 from kvserve.config import EngineConfig
-from kvserve.engine.async_llm import AsyncLLM
+from kvserve.frontend.async_llm import AsyncLLM
 from kvserve.plugins import get_plugin_manager
 from kvserve.testing.hf_models import build_tiny_model
 

@@ -13,7 +13,7 @@ import torch
 
 from kvserve import LLM, SamplingParams
 from kvserve.config import EngineConfig, ServerConfig
-from kvserve.engine.async_llm import AsyncLLM
+from kvserve.frontend.async_llm import AsyncLLM
 from kvserve.interfaces import BatchUpdate, LogitsProcessor
 from kvserve.server.state import ServerState
 from kvserve.testing.hf_models import build_tiny_model

@@ -184,8 +184,8 @@ def test_cycle_finder_names_a_planted_cycle():
     assert cycles({"a": {"b"}, "b": set()}) == []
 
 
-@pytest.mark.parametrize("package", ["kvserve.engine", "kvserve.executor"])
-def test_no_module_cycle_passes_through_the_engine_or_executor(package):
+@pytest.mark.parametrize("package", ["kvserve.frontend", "kvserve.engine", "kvserve.executor"])
+def test_no_module_cycle_passes_through_the_frontend_engine_or_executor(package):
     found = [c for c in cycles(import_graph()) if any(m == package or m.startswith(package + ".") for m in c)]
     assert not found, f"import cycle through {package}: {_describe(found)}"
 
@@ -196,9 +196,27 @@ def test_engine_and_executor_packages_are_layered():
     assert not found, f"the engine and executor packages import each other: {_describe(found)}"
 
 
+LAYERS = ["kvserve.frontend", "kvserve.engine", "kvserve.executor", "kvserve.runner"]
+"""Top first: each package may import those below it, never one above."""
+
+
+def test_frontend_engine_executor_and_runner_are_strictly_layered():
+    """The frontend drives the engine, the engine the executor, the executor the runner: an import
+    upwards (the engine reaching for ``AsyncLLM``, say) fails here even where it closes no cycle."""
+    graph = package_graph(import_graph(), LAYERS)
+    assert graph["kvserve.frontend"] >= {"kvserve.engine"}  # the parser sees the frontend at all
+    upward = sorted(
+        f"{source} -> {target}"
+        for source, targets in graph.items()
+        for target in targets
+        if LAYERS.index(target) < LAYERS.index(source)
+    )
+    assert not upward, f"imports against the layering: {'; '.join(upward)}"
+
+
 def test_no_cycle_among_the_subpackages():
-    """Top-level modules and subpackages form layers: the engine above the executors, the executors
-    above the runner, every one of them above the interfaces."""
+    """Top-level modules and subpackages form layers: the frontend above the engine, the engine above
+    the executors, the executors above the runner, every one of them above the interfaces."""
     graph = import_graph()
     units = {".".join(name.split(".")[:2]) for name in graph if name != "kvserve"}
     found = cycles(package_graph(graph, units))

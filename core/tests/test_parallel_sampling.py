@@ -2,8 +2,8 @@
 
 import pytest
 
-from kvserve.engine.parallel_sampling import ParentRequest, ParentStream
 from kvserve.engine.validation import CheckedRequest
+from kvserve.frontend.parallel_sampling import ParentRequest, ParentStream
 from kvserve.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from kvserve.sampling_params import SamplingParams
 

@@ -15,7 +15,7 @@ def run(code: str) -> subprocess.CompletedProcess:
 
 def test_core_imports_without_the_server_extra():
     result = run(
-        "import kvserve, kvserve.config, kvserve.engine.llm_engine, kvserve.engine.async_llm, kvserve.testing\n"
+        "import kvserve, kvserve.config, kvserve.engine.llm_engine, kvserve.frontend.async_llm, kvserve.testing\n"
         "from kvserve.cli import bench, chat, check, generate, plugins, serve\n"
         "from kvserve.benchmarking import offline, percentile\n"
         "print('imported')\n"

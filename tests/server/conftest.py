@@ -13,7 +13,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from kvserve.config import EngineConfig, ServerConfig
-from kvserve.engine.async_llm import AsyncLLM
+from kvserve.frontend.async_llm import AsyncLLM
 from kvserve.server import ServerThread, build_app
 from kvserve.testing.engine_faults import FailingSeed
 from kvserve.testing.hf_models import build_tiny_model
@@ -50,7 +50,7 @@ def process_llm(tiny_model_dir: Path) -> Iterator[AsyncLLM]:
     llm = AsyncLLM.from_config(config, core_setup=FailingSeed(666))
     yield llm
     llm.shutdown()
-    assert llm.core.process.exitcode == 0, "the engine core process should have stopped cleanly"
+    assert llm.client.process.exitcode == 0, "the engine core process should have stopped cleanly"
 
 
 def start_server(llm: AsyncLLM, **server_fields: Any) -> ServerThread:

@@ -18,8 +18,8 @@ import openai
 import pytest
 
 from kvserve.config import EngineConfig
-from kvserve.engine.async_llm import AsyncLLM
 from kvserve.errors import EngineDeadError
+from kvserve.frontend.async_llm import AsyncLLM
 from kvserve.sampling import Sampler
 from kvserve.sampling_params import SamplingParams
 from kvserve.testing.engine_faults import FailingForward
@@ -100,7 +100,7 @@ def test_a_failing_forward_reaches_20_async_and_20_http_callers_within_5s(
             if death == "forward":
                 broken.touch()
             else:
-                os.kill(llm.core.process.pid, signal.SIGKILL)
+                os.kill(llm.client.process.pid, signal.SIGKILL)
             killed = time.monotonic()
             consumers.join(timeout=30)
             for future in futures:
@@ -116,7 +116,7 @@ def test_a_failing_forward_reaches_20_async_and_20_http_callers_within_5s(
     if mode == "thread":
         assert llm.engine.kv_cache_manager.num_free_blocks() == llm.engine.kv_cache_manager.num_blocks - 1
     else:  # the core is gone, with the exit of its death
-        assert llm.core.process.exitcode == (1 if death == "forward" else -signal.SIGKILL)
+        assert llm.client.process.exitcode == (1 if death == "forward" else -signal.SIGKILL)
 
 
 async def _gather(coroutines) -> None:
@@ -145,7 +145,7 @@ def test_shutdown_answers_pending_and_later_generate_calls(tiny_model_dir: Path,
     if mode == "thread":
         assert not llm.engine.has_unfinished_requests()
     else:
-        assert llm.core.process.exitcode == 0
+        assert llm.client.process.exitcode == 0
 
 
 @pytest.mark.parametrize("mode", ["thread", "process"])
@@ -166,6 +166,35 @@ def test_generate_calls_racing_the_engines_death_all_get_the_error(tiny_model_di
     finally:
         llm.shutdown()
     assert all(isinstance(r, EngineDeadError) for r in results), results
+    # What killed the loop reaches the frontend as it was raised, whichever transport carried it.
+    assert type(llm.dead_error) is EngineDeadError
+    assert str(llm.dead_error) == "the engine stopped: its step failed with RuntimeError: simulated device failure"
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_a_request_the_engine_refuses_gets_the_error_and_the_engine_serves_on(tiny_model_dir: Path, mode: str) -> None:
+    """A batch-level processor's ``validate_params`` runs in the engine, so the step loop's transport
+    carries the refusal back to the caller; the engine keeps serving, the refused id included."""
+    llm = _engine(tiny_model_dir, mode, logits_processors=["no_repeat_ngram"])
+    refused = SamplingParams(max_tokens=4, extra_args={"no_repeat_ngram_size": 0})
+    fine = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, extra_args={"no_repeat_ngram_size": 2})
+
+    async def generate(params: SamplingParams) -> list[int]:
+        async def last() -> list[int]:
+            async for output in llm.generate("the quick brown fox", params, "same-id"):
+                final = output
+            return final.outputs[0].token_ids
+
+        return await asyncio.wait_for(last(), 30)  # a refusal that never arrives would hang the caller
+
+    try:
+        with pytest.raises(ValueError, match=r"extra_args\.no_repeat_ngram_size: must be a positive integer, got 0"):
+            asyncio.run(generate(refused))
+        assert len(asyncio.run(generate(fine))) == 4
+        assert llm.dead_error is None
+        _wait_for(lambda: _in_engine(llm) == 0, 5, "the engine to hold no request")  # the stats lag a step behind
+    finally:
+        llm.shutdown()
 
 
 @pytest.mark.parametrize("server", ["thread", "process"], indirect=True)  # process_llm fails seed 666 itself

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from kvserve.config import EngineConfig
-from kvserve.engine.async_llm import AsyncLLM
-from kvserve.engine.output_collector import merge_delta
 from kvserve.errors import ConfigError
+from kvserve.frontend.async_llm import AsyncLLM
+from kvserve.frontend.output_stream import merge_delta
 from kvserve.sampling_params import SamplingParams
 
 REQUESTS = [  # every path of the output processor: stop strings, n > 1, logprobs, deltas, echo of the prompt
@@ -56,7 +56,7 @@ async def _collect(llm: AsyncLLM) -> tuple[list, list[float]]:
     return streams, values
 
 
-def test_the_process_core_streams_what_the_thread_core_does(tiny_llm: AsyncLLM, process_llm: AsyncLLM) -> None:
+def test_the_engine_process_streams_what_the_engine_thread_does(tiny_llm: AsyncLLM, process_llm: AsyncLLM) -> None:
     (in_thread, thread_values), (in_process, process_values) = (
         asyncio.run(_collect(llm)) for llm in (tiny_llm, process_llm)
     )
@@ -88,11 +88,11 @@ def test_a_core_that_cannot_load_raises_the_engines_error(tiny_model_dir: Path) 
 FRONTEND = textwrap.dedent("""
     import sys, time
     from kvserve.config import EngineConfig
-    from kvserve.engine.async_llm import AsyncLLM
+    from kvserve.frontend.async_llm import AsyncLLM
 
     if __name__ == "__main__":
         llm = AsyncLLM.from_config(EngineConfig.from_flat(model=sys.argv[1], engine_process=True))
-        print(llm.core.process.pid, flush=True)
+        print(llm.client.process.pid, flush=True)
         time.sleep(600)
 """)
 

@@ -16,7 +16,7 @@ import pytest
 
 from kvserve.config import EngineConfig
 from kvserve.config_sources import load_config
-from kvserve.engine.async_llm import AsyncLLM
+from kvserve.frontend.async_llm import AsyncLLM
 from kvserve.testing.engine_faults import FailingForward
 
 MODEL = "tiny"

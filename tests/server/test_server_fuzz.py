@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from schemathesis import GenerationMode
 
 from kvserve.config import EngineConfig, ServerConfig
-from kvserve.engine.async_llm import AsyncLLM
+from kvserve.frontend.async_llm import AsyncLLM
 from kvserve.server import ServerThread, build_app
 
 MODEL = "tiny"

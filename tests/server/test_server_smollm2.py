@@ -8,7 +8,7 @@ import openai
 import pytest
 
 from kvserve.config import EngineConfig, ServerConfig
-from kvserve.engine.async_llm import AsyncLLM
+from kvserve.frontend.async_llm import AsyncLLM
 from kvserve.loader.default_model import EMBEDDED_MODEL_NAME
 from kvserve.server import ServerThread, build_app
 

@@ -157,7 +157,7 @@ class LLMEngine:
     def add_request(self, request_id: str, request: CheckedRequest) -> None:
         """Queue a request a front end checked (it is not checked again). ValueError if
         ``request_id`` is in use or the request asks for more than one sample (a front end fans
-        ``n > 1`` out: :class:`~kvserve.engine.parallel_sampling.ParentRequest`); EngineDeadError
+        ``n > 1`` out: :class:`~kvserve.frontend.parallel_sampling.ParentRequest`); EngineDeadError
         once the engine has stopped."""
         self._check_alive()
         if request_id in self.states:

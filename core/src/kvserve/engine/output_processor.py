@@ -86,7 +86,7 @@ class RequestState:
     """A request as the user sees it: the prompt, its completion, prompt logprobs and timing.
 
     The engine runs one completion per request; ``n > 1`` is fanned out by the front end
-    (:mod:`kvserve.engine.parallel_sampling`).
+    (:mod:`kvserve.frontend.parallel_sampling`).
     """
 
     def __init__(self, request_id: str, prompt: str | None, request: Request, tokenizer: Any) -> None:

@@ -11,7 +11,7 @@ from tqdm.auto import tqdm
 from kvserve.chat_template import render_chat
 from kvserve.config import EngineConfig
 from kvserve.engine.llm_engine import LLMEngine
-from kvserve.engine.parallel_sampling import ParentRequest
+from kvserve.frontend.parallel_sampling import ParentRequest
 from kvserve.outputs import RequestOutput
 from kvserve.sampling_params import SamplingParams
 

@@ -11,7 +11,7 @@ from starlette.concurrency import run_in_threadpool
 
 import kvserve
 from kvserve.config import ServerConfig
-from kvserve.engine.async_llm import AsyncLLM
+from kvserve.frontend.async_llm import AsyncLLM
 from kvserve.server import serving_chat, serving_completions
 from kvserve.server.errors import OpenAIError, install_error_handlers
 from kvserve.server.metrics import HttpMetricsMiddleware

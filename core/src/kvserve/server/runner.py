@@ -18,7 +18,7 @@ from fastapi import FastAPI
 from rich.console import Console
 
 from kvserve.config import EngineConfig, ServerConfig
-from kvserve.engine.async_llm import AsyncLLM
+from kvserve.frontend.async_llm import AsyncLLM
 from kvserve.loader.default_model import EMBEDDED_MODEL_NAME
 from kvserve.server.app import build_app
 

@@ -11,9 +11,9 @@ from fastapi import Request, Response
 from pydantic import BaseModel
 
 from kvserve.config import ServerConfig
-from kvserve.engine.async_llm import AsyncLLM
 from kvserve.engine.validation import CheckedRequest
 from kvserve.errors import CapacityError
+from kvserve.frontend.async_llm import AsyncLLM
 from kvserve.loader.default_model import EMBEDDED_MODEL_NAME
 from kvserve.outputs import RequestOutput
 from kvserve.sampling_params import SamplingParams

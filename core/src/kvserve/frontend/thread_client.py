@@ -1,6 +1,6 @@
 """The engine core on a dedicated thread of the frontend's process (a forward pass blocks, so the
 event loop stays free for I/O; both share the GIL). Requests and aborts cross over through a
-queue and are applied between steps.
+queue and are applied between steps by the step loop (:mod:`kvserve.frontend.step_loop`).
 
 Given a factory, the engine is built on that same thread. OpenMP (torch's CPU thread pool) keeps a
 pool of workers per thread that starts parallel work; once a second pool exists, libgomp counts
@@ -11,34 +11,70 @@ GEMMs 1.45x slower than one loaded and stepped on the same thread (2 cores, 61 G
 
 from __future__ import annotations
 
-import logging
 import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from contextlib import suppress
 from typing import Any
 
-from kvserve.engine.core_client import OutputSink
-from kvserve.engine.engine_info import EngineInfo
 from kvserve.engine.llm_engine import LLMEngine
 from kvserve.engine.stats import EngineStats
-from kvserve.errors import EngineDeadError
+from kvserve.frontend.client import OutputSink
+from kvserve.frontend.engine_info import EngineInfo
+from kvserve.frontend.step_loop import Command, run_step_loop
+from kvserve.outputs import RequestOutput
 
-logger = logging.getLogger("kvserve")
+
+class ThreadTransport:
+    """:class:`~kvserve.frontend.step_loop.CoreTransport` within one process: commands through a
+    queue (an event wakes an idle loop), outputs straight into the frontend's ``OutputSink``."""
+
+    def __init__(self) -> None:
+        self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self.sink: OutputSink | None = None
+        """Where outputs go; set before the loop starts."""
+
+    def send(self, command: Command) -> None:
+        """Queue ``command`` for the loop (from any thread) and wake it if it is idle."""
+        self._commands.put(command)
+        self._wake.set()
+
+    def receive(self, wait: bool) -> list[Command]:
+        """Drain the queue; when ``wait``, first sleep until a command was sent."""
+        if wait:
+            self._wake.wait()
+            self._wake.clear()  # before draining: a command sent after the drain sets it again
+        commands = []
+        while True:
+            try:
+                commands.append(self._commands.get_nowait())
+            except queue.Empty:
+                return commands
+
+    def publish(self, outputs: list[RequestOutput]) -> None:
+        """Deliver the step's outputs, if any (the frontend reads the stats from the engine itself)."""
+        if outputs:
+            self.sink.deliver_step(outputs)
+
+    def refuse(self, request_id: str, error: Exception) -> None:
+        """End ``request_id``'s stream with ``error``."""
+        self.sink.deliver(request_id, error)
+
+    def end(self, reason: str, error: BaseException | None) -> None:
+        """Close the sink: every stream gets EngineDeadError(``reason``)."""
+        self.sink.close(reason, error)
 
 
-class ThreadCore:
-    """:class:`~kvserve.engine.core_client.EngineCoreClient` over an ``LLMEngine`` in this process."""
+class ThreadClient:
+    """:class:`~kvserve.frontend.client.EngineCoreClient` over an ``LLMEngine`` stepped on a thread of this process."""
 
     def __init__(self, engine: LLMEngine | Callable[[], LLMEngine]) -> None:
         """``engine``, or a factory the loop's thread calls first (the constructor waits for it, and
         raises what it raised)."""
-        self._commands: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
-        self._wake = threading.Event()
+        self._transport = ThreadTransport()
         self._started = threading.Event()
         self._stopped = False
-        self._sink: OutputSink | None = None
         self._thread = threading.Thread(target=self._main, args=(engine,), name="kvserve-engine", daemon=True)
         if isinstance(engine, LLMEngine):
             self.engine = engine
@@ -50,18 +86,18 @@ class ThreadCore:
 
     def start(self, sink: OutputSink) -> None:
         """Start the step loop (on the thread that built the engine, if it did)."""
-        self._sink = sink
+        self._transport.sink = sink
         self._started.set()
         if not self._thread.is_alive():
             self._thread.start()
 
     def add_request(self, request: dict[str, Any]) -> None:
         """Queue the request for the loop."""
-        self._send("add", request)
+        self._transport.send(("add", request))
 
     def abort_request(self, request_id: str) -> None:
         """Queue the abort for the loop."""
-        self._send("abort", request_id)
+        self._transport.send(("abort", request_id))
 
     def stats(self) -> EngineStats:
         """Read straight from the engine."""
@@ -70,14 +106,10 @@ class ThreadCore:
     def shutdown(self) -> None:
         """Stop the loop after the current step and wait for its thread."""
         self._stopped = True
-        self._wake.set()
+        self._transport.send(("shutdown",))
         self._started.set()  # a loop that was built but never started exits
         if self._thread.is_alive():
             self._thread.join(timeout=30)
-
-    def _send(self, command: str, payload: Any) -> None:
-        self._commands.put((command, payload))
-        self._wake.set()
 
     def _main(self, engine: LLMEngine | Callable[[], LLMEngine]) -> None:
         if not isinstance(engine, LLMEngine):
@@ -89,42 +121,4 @@ class ThreadCore:
             self._started.wait()
             if self._stopped:
                 return
-        self._run()
-
-    def _run(self) -> None:
-        reason, error = "engine is shut down", None
-        try:
-            while not self._stopped:
-                self._apply_commands()
-                if not self.engine.has_unfinished_requests():
-                    self._wake.wait()
-                    self._wake.clear()
-                    continue
-                outputs = self.engine.step()
-                if outputs:
-                    self._sink.deliver_step(outputs)
-        except BaseException as exc:  # report to every waiting consumer instead of hanging them
-            if isinstance(exc, EngineDeadError):
-                logger.error("engine loop died: %s", exc)  # the engine logged the traceback
-            else:
-                logger.exception("engine loop died")
-            reason, error = f"engine loop died: {exc!r}", exc
-        finally:
-            self._sink.close(reason, error)
-            for request_id in list(self.engine.states):
-                with suppress(Exception):  # a dead engine may fail to abort; its requests are answered
-                    self.engine.abort_request(request_id)
-
-    def _apply_commands(self) -> None:
-        while True:
-            try:
-                command, payload = self._commands.get_nowait()
-            except queue.Empty:
-                return
-            if command == "abort":
-                self.engine.abort_request(payload)
-                continue
-            try:
-                self.engine.add_request(**payload)
-            except Exception as exc:  # validated before queueing; anything left still reaches its caller
-                self._sink.deliver(payload["request_id"], exc)
+        run_step_loop(self.engine, self._transport)

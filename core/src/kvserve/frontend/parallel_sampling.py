@@ -147,7 +147,7 @@ def _copy(sample: CompletionOutput) -> CompletionOutput:
 
 
 class OutputTarget(Protocol):
-    """Where a fanned-out request's merged outputs go (an ``OutputCollector``)."""
+    """Where a fanned-out request's merged outputs go (an ``OutputStream``)."""
 
     def put(self, item: RequestOutput | BaseException) -> None:
         """Hand over an output, or the exception that ends the stream."""

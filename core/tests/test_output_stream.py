@@ -1,10 +1,10 @@
-"""OutputCollector: a lagging consumer gets the outputs it missed merged into one, and the end never lost."""
+"""OutputStream: a lagging consumer gets the outputs it missed merged into one, and the end never lost."""
 
 from __future__ import annotations
 
 import asyncio
 
-from kvserve.engine.output_collector import OutputCollector
+from kvserve.frontend.output_stream import OutputStream
 from kvserve.outputs import CompletionOutput, Logprob, RequestOutput
 
 
@@ -16,7 +16,7 @@ def _delta(index: int, text: str, token: int, finish: str | None = None, logprob
 
 def test_deltas_the_consumer_has_not_taken_are_merged_in_order() -> None:
     async def main() -> None:
-        collector = OutputCollector(delta=True)
+        collector = OutputStream(delta=True)
         collector.put(_delta(0, "a", 10, logprobs=True))
         collector.put(_delta(1, "x", 20))  # another of the n completions
         collector.put(_delta(0, "b", 11, logprobs=True))
@@ -32,7 +32,7 @@ def test_deltas_the_consumer_has_not_taken_are_merged_in_order() -> None:
 
 def test_a_cumulative_output_supersedes_and_an_exception_wins() -> None:
     async def main() -> None:
-        collector = OutputCollector(delta=False)
+        collector = OutputStream(delta=False)
         collector.put(_delta(0, "a", 10))
         collector.put(_delta(0, "ab", 11))
         assert (await collector.get()).outputs[0].text == "ab"
@@ -45,7 +45,7 @@ def test_a_cumulative_output_supersedes_and_an_exception_wins() -> None:
 
 def test_get_waits_for_the_next_output() -> None:
     async def main() -> None:
-        collector = OutputCollector(delta=True)
+        collector = OutputStream(delta=True)
         waiter = asyncio.ensure_future(collector.get())
         await asyncio.sleep(0)
         assert not waiter.done()

@@ -1,4 +1,4 @@
-"""The frontend's handle on the engine-core process (:mod:`kvserve.engine.core_process`).
+"""The frontend's side of the engine-core process (:mod:`kvserve.frontend.engine_process`).
 
 The core is spawned (a fresh interpreter: no forked torch or event-loop state) and talks over
 two ipc:// ZeroMQ PUSH/PULL sockets in a private temporary directory. A reader thread turns its
@@ -20,20 +20,21 @@ from typing import Any
 import zmq
 
 from kvserve.config import EngineConfig
-from kvserve.engine.core_client import OutputSink
-from kvserve.engine.core_process import run_engine_core
-from kvserve.engine.core_wire import decode, encode
-from kvserve.engine.engine_info import EngineInfo
 from kvserve.engine.llm_engine import LLMEngine
 from kvserve.engine.stats import EngineStats
 from kvserve.errors import EngineDeadError
+from kvserve.frontend.client import OutputSink
+from kvserve.frontend.engine_info import EngineInfo
+from kvserve.frontend.engine_process import run_engine_process
+from kvserve.frontend.step_loop import SHUT_DOWN
+from kvserve.frontend.wire import decode, encode
 
 SHUTDOWN_TIMEOUT = 30.0
 """Seconds the core gets to finish its step and exit before it is killed."""
 
 
-class ProcessCore:
-    """:class:`~kvserve.engine.core_client.EngineCoreClient` over an engine in its own process.
+class ProcessClient:
+    """:class:`~kvserve.frontend.client.EngineCoreClient` over an engine in its own process.
 
     Construction spawns the process and waits until the engine is loaded; a core that fails to
     load raises its error here (a ConfigError stays a ConfigError).
@@ -53,7 +54,7 @@ class ProcessCore:
         self._stopping = False
         self._sink: OutputSink | None = None
         self.process = multiprocessing.get_context("spawn").Process(
-            target=run_engine_core,
+            target=run_engine_process,
             args=(config, command_address, output_address, os.getpid(), setup),
             name="kvserve-engine-core",
         )
@@ -126,14 +127,14 @@ class ProcessCore:
                 self._commands.send(frame)
 
     def _read(self) -> None:
-        reason, error = "engine is shut down", None
+        reason, error = SHUT_DOWN, None
         try:
             while True:
                 events = dict(self._poller.poll())
                 if self._outputs in events:
                     dead = self._handle(decode(self._outputs.recv()))
                     if dead is not None:
-                        reason, error = f"engine loop died: {dead}", EngineDeadError(dead)
+                        reason, error = dead
                         return
                     continue
                 if self.process.sentinel in events:
@@ -145,8 +146,8 @@ class ProcessCore:
         finally:
             self._sink.close(reason, error)
 
-    def _handle(self, message: tuple[Any, ...]) -> str | None:
-        """Deliver one message from the core; returns the reason if it says the core died."""
+    def _handle(self, message: tuple[Any, ...]) -> tuple[str, BaseException] | None:
+        """Deliver one message from the core; returns the reason and the error if it says the core died."""
         kind = message[0]
         if kind == "outputs":
             self._stats = message[2]  # first: whoever sees its last output sees its blocks freed
@@ -155,7 +156,7 @@ class ProcessCore:
         elif kind == "error":
             self._sink.deliver(message[1], message[2])
         elif kind == "dead":
-            return message[1]
+            return message[1], message[2]
         return None
 
     def _kill(self) -> None:

@@ -7,8 +7,8 @@ SamplingParams, exceptions and tokenizer as they are (msgspec would need every t
 Frontend to core: ``("add", request kwargs)``, ``("abort", request_id)``, ``("shutdown",)``.
 Core to frontend: ``("ready", EngineInfo, EngineStats)`` once loaded, or ``("failed", exception)``;
 then ``("outputs", [RequestOutput], EngineStats)`` per step (or after aborts changed the stats),
-``("error", request_id, exception)`` for a request the engine refused, and ``("dead", reason)``
-when a step failed and the core stops.
+``("error", request_id, exception)`` for a request the engine refused, and ``("dead", reason,
+exception)`` when a step failed and the core stops.
 """
 
 from __future__ import annotations
@@ -18,10 +18,12 @@ from typing import Any
 
 
 def encode(message: tuple[Any, ...]) -> bytes:
+    """``message`` as one frame."""
     return pickle.dumps(message, protocol=5)
 
 
 def decode(frame: bytes) -> tuple[Any, ...]:
+    """The message ``frame`` carries."""
     return pickle.loads(frame)
 
 

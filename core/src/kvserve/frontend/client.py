@@ -1,16 +1,17 @@
 """The seam between ``AsyncLLM`` (the frontend) and the engine core that steps the batch.
 
-Two cores implement it: :class:`~kvserve.engine.thread_core.ThreadCore` (the engine on a thread
-of this process) and :class:`~kvserve.engine.process_core.ProcessCore` (the engine in its own
-process behind ZeroMQ, so HTTP, tokenization and SSE never hold the step loop's GIL).
+Two clients implement it: :class:`~kvserve.frontend.thread_client.ThreadClient` (the engine on a
+thread of this process) and :class:`~kvserve.frontend.process_client.ProcessClient` (the engine in
+its own process behind ZeroMQ, so HTTP, tokenization and SSE never hold the step loop's GIL). Both
+cores run the same step loop (:mod:`kvserve.frontend.step_loop`).
 """
 
 from __future__ import annotations
 
 from typing import Any, Protocol
 
-from kvserve.engine.engine_info import EngineInfo
 from kvserve.engine.stats import EngineStats
+from kvserve.frontend.engine_info import EngineInfo
 from kvserve.outputs import RequestOutput
 
 

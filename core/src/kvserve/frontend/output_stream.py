@@ -1,6 +1,6 @@
 """One request's outputs between the engine core and its consumer, merged while the consumer lags.
 
-As vLLM's ``RequestOutputCollector``: instead of a queue that grows by one item per step, the
+As vLLM's ``RequestOutputStream``: instead of a queue that grows by one item per step, the
 collector holds at most one pending output. A delta output arriving before the consumer took
 the previous one is merged into it, so a slow client gets fewer, larger chunks and never makes
 the server do per-token work for tokens it has not read yet; a cumulative or final output
@@ -37,7 +37,7 @@ def merge_delta(into: RequestOutput, new: RequestOutput) -> None:
     into.error = new.error if new.error is not None else into.error
 
 
-class OutputCollector:
+class OutputStream:
     """The pending output (or exception) of one request; ``put`` and ``get`` run on the consumer's event loop."""
 
     def __init__(self, delta: bool) -> None:

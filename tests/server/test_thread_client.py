@@ -1,4 +1,4 @@
-"""ThreadCore builds the engine on the thread that steps it (one OpenMP pool for the model's
+"""ThreadClient builds the engine on the thread that steps it (one OpenMP pool for the model's
 kernels), passes a failed build to its caller, and stops cleanly whether or not it was started."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from kvserve.config import EngineConfig
-from kvserve.engine.async_llm import AsyncLLM
 from kvserve.engine.llm_engine import LLMEngine
-from kvserve.engine.thread_core import ThreadCore
+from kvserve.frontend.async_llm import AsyncLLM
+from kvserve.frontend.thread_client import ThreadClient
 from kvserve.sampling_params import SamplingParams
 
 
@@ -49,11 +49,11 @@ def test_a_failed_build_is_raised_to_the_caller() -> None:
         raise ValueError("no such model: nowhere")
 
     with pytest.raises(ValueError, match="no such model: nowhere"):
-        ThreadCore(build)
+        ThreadClient(build)
 
 
 def test_a_built_core_that_never_started_shuts_down(tiny_model_dir: Path) -> None:
-    core = ThreadCore(lambda: LLMEngine(EngineConfig.from_flat(model=str(tiny_model_dir))))
-    assert core._thread.is_alive()  # built, waiting for start()
-    core.shutdown()
-    assert not core._thread.is_alive()
+    client = ThreadClient(lambda: LLMEngine(EngineConfig.from_flat(model=str(tiny_model_dir))))
+    assert client._thread.is_alive()  # built, waiting for start()
+    client.shutdown()
+    assert not client._thread.is_alive()

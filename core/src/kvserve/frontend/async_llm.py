@@ -1,11 +1,11 @@
 """``AsyncLLM``: many concurrent async consumers served by one batched step loop.
 
-The frontend (this class: tokenization, validation, the streams) drives an engine core
-(:mod:`kvserve.engine.core_client`): on a thread of this process, or in its own process behind
-ZeroMQ (``server.engine_process``), so the server's HTTP, JSON and SSE work never takes the
-GIL from the step loop. Each step's outputs come back in one ``loop.call_soon_threadsafe`` (one
+The frontend (this class: tokenization, validation, the streams) drives an engine core through an
+:class:`~kvserve.frontend.client.EngineCoreClient`: on a thread of this process, or in its own
+process behind ZeroMQ (``server.engine_process``), so the server's HTTP, JSON and SSE work never
+takes the GIL from the step loop. Each step's outputs come back in one ``loop.call_soon_threadsafe`` (one
 wake-up of the event loop per step, not per request), into each request's
-:class:`~kvserve.engine.output_collector.OutputCollector`.
+:class:`~kvserve.frontend.output_stream.OutputStream`.
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ from contextlib import suppress
 from typing import Any
 
 from kvserve.config import EngineConfig
-from kvserve.engine.core_client import EngineCoreClient
 from kvserve.engine.llm_engine import LLMEngine
-from kvserve.engine.output_collector import OutputCollector
-from kvserve.engine.parallel_sampling import ParentRequest, ParentStream
 from kvserve.engine.stats import EngineStats
-from kvserve.engine.thread_core import ThreadCore
 from kvserve.engine.validation import CheckedRequest
 from kvserve.errors import EngineDeadError, RequestError
+from kvserve.frontend.client import EngineCoreClient
+from kvserve.frontend.output_stream import OutputStream
+from kvserve.frontend.parallel_sampling import ParentRequest, ParentStream
+from kvserve.frontend.thread_client import ThreadClient
 from kvserve.outputs import RequestOutput
 from kvserve.sampling_params import SamplingParams
 
@@ -38,19 +38,20 @@ class AsyncLLM:
     unanswered.
     """
 
-    def __init__(self, core: LLMEngine | EngineCoreClient) -> None:
-        self.core: EngineCoreClient = ThreadCore(core) if isinstance(core, LLMEngine) else core
-        self.engine: LLMEngine | None = getattr(self.core, "engine", None)
+    def __init__(self, engine: LLMEngine | EngineCoreClient) -> None:
+        """Serve ``engine``: an ``LLMEngine`` (stepped on a thread of this process) or a client of one."""
+        self.client: EngineCoreClient = ThreadClient(engine) if isinstance(engine, LLMEngine) else engine
+        self.engine: LLMEngine | None = getattr(self.client, "engine", None)
         """The engine itself when it runs in this process; None when it has its own."""
-        self.info = self.core.info
-        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, OutputCollector | ParentStream]] = {}
+        self.info = self.client.info
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, OutputStream | ParentStream]] = {}
         self._children: dict[str, list[str]] = {}
         """The engine's request ids of each ``n > 1`` request in flight (see :meth:`generate`)."""
         self._lock = threading.Lock()
         self._closed: str | None = None
         """Why the core no longer serves (set under ``_lock``); None while it runs."""
         self.dead_error: BaseException | None = None
-        self.core.start(self)
+        self.client.start(self)
 
     @classmethod
     def from_config(cls, config: EngineConfig, *, core_setup: Callable[[LLMEngine], Any] | None = None) -> AsyncLLM:
@@ -59,25 +60,26 @@ class AsyncLLM:
         runs on it before it serves (instrumentation; tests inject faults with it)."""
         config = config.for_serving()
         if config.server.engine_process:
-            from kvserve.engine.process_core import ProcessCore  # pyzmq: the server extra
+            from kvserve.frontend.process_client import ProcessClient  # pyzmq: the server extra
 
-            return cls(ProcessCore(config, core_setup))
+            return cls(ProcessClient(config, core_setup))
 
-        def build() -> LLMEngine:  # on the step loop's thread (see ThreadCore)
+        def build() -> LLMEngine:  # on the step loop's thread (see ThreadClient)
             engine = LLMEngine(config)
             if core_setup is not None:
                 core_setup(engine)
             return engine
 
-        return cls(ThreadCore(build))
+        return cls(ThreadClient(build))
 
     @property
     def tokenizer(self) -> Any:
+        """The engine's tokenizer (a copy of it when the engine has its own process)."""
         return self.info.tokenizer
 
     def stats(self) -> EngineStats:
         """The engine's counters and gauges (for ``/metrics``)."""
-        return self.core.stats()
+        return self.client.stats()
 
     def validate_prompt(
         self,
@@ -109,7 +111,7 @@ class AsyncLLM:
         ``prompt``: text or token ids, checked here with ``params``, ``priority`` and ``cache_salt``;
         or a request :meth:`validate_prompt` checked (then ``params`` is None), not checked again.
         Invalid requests raise before anything is queued. ``n > 1`` runs as ``n`` engine requests
-        whose outputs are merged (:class:`~kvserve.engine.parallel_sampling.ParentRequest`).
+        whose outputs are merged (:class:`~kvserve.frontend.parallel_sampling.ParentRequest`).
         Leaving the iterator early (a client disconnect, a cancelled task) aborts the request and
         frees its KV blocks. A request the engine failed raises RequestError (its last output
         attached); a stopped engine raises EngineDeadError.
@@ -122,7 +124,7 @@ class AsyncLLM:
             text = prompt if isinstance(prompt, str) else None
             token_ids = self.tokenizer.encode(prompt) if text is not None else list(prompt)
             request = self.validate_prompt(token_ids, params, prompt=text, priority=priority, cache_salt=cache_salt)
-        stream = OutputCollector(delta=request.params.output_kind == "delta")
+        stream = OutputStream(delta=request.params.output_kind == "delta")
         parent = ParentRequest(request_id, request) if request.params.n > 1 else None
         engine_requests = parent.children if parent is not None else {request_id: request}
         ids = [request_id, *parent.children] if parent is not None else [request_id]
@@ -139,7 +141,7 @@ class AsyncLLM:
         finished = False
         try:
             for engine_id, engine_request in engine_requests.items():
-                self.core.add_request(dict(request_id=engine_id, request=engine_request))
+                self.client.add_request(dict(request_id=engine_id, request=engine_request))
             while not finished:
                 item = await stream.get()
                 if isinstance(item, BaseException):
@@ -159,16 +161,16 @@ class AsyncLLM:
             else:
                 leftover = [] if finished else [request_id]
             for engine_id in leftover:
-                self.core.abort_request(engine_id)
+                self.client.abort_request(engine_id)
 
     async def abort(self, request_id: str) -> None:
         """Stop ``request_id`` (every sample of an ``n > 1`` request); its blocks are freed before the next step."""
         for engine_id in self._children.get(request_id, [request_id]):
-            self.core.abort_request(engine_id)
+            self.client.abort_request(engine_id)
 
     def shutdown(self) -> None:
         """Stop the core after the current step; in-flight and later requests get EngineDeadError."""
-        self.core.shutdown()
+        self.client.shutdown()
 
     # -- OutputSink: called by the core, from its thread -----------------------------------
     def deliver(self, request_id: str, item: Any) -> None:
@@ -181,7 +183,7 @@ class AsyncLLM:
 
     def deliver_step(self, outputs: list[RequestOutput]) -> None:
         """Hand one step's outputs over: one call into each consumer's event loop for all of them."""
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[OutputCollector, RequestOutput]]] = {}
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[OutputStream, RequestOutput]]] = {}
         streams = self._streams
         for output in outputs:
             target = streams.get(output.request_id)
@@ -201,6 +203,6 @@ class AsyncLLM:
             self.deliver(request_id, EngineDeadError(reason))
 
 
-def _put_all(items: list[tuple[OutputCollector, RequestOutput]]) -> None:
+def _put_all(items: list[tuple[OutputStream, RequestOutput]]) -> None:
     for stream, output in items:
         stream.put(output)
