@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import (
@@ -142,6 +143,37 @@ class ParallelConfig(_Section):
     )
 
 
+class StructuredOutputsConfig(_Section):
+    """How constrained requests (``SamplingParams.structured_outputs``, ``response_format``) are compiled."""
+
+    backend: str = Field(
+        AUTO,
+        description="Registered structured_output_backend name; auto: xgrammar, falling back per request to "
+        "guidance for a constraint xgrammar cannot compile",
+    )
+    disable_fallback: bool = Field(False, description="With auto: refuse what the first backend cannot compile")
+    disable_any_whitespace: bool = Field(
+        False, description="JSON without free whitespace (small models loop on whitespace otherwise)"
+    )
+    disable_additional_properties: bool = Field(
+        False, description="JSON objects hold only the schema's properties unless it allows more explicitly"
+    )
+
+
+class DecodingConfig(_Section):
+    structured_outputs_config: StructuredOutputsConfig = Field(
+        default_factory=StructuredOutputsConfig,
+        description="Structured outputs (JSON text or a mapping): backend, disable_fallback, "
+        "disable_any_whitespace, disable_additional_properties",
+    )
+
+    @field_validator("structured_outputs_config", mode="before")
+    @classmethod
+    def _json_text(cls, value: Any) -> Any:
+        # --structured-outputs-config '{"backend": "guidance"}' and KVSERVE_* env vars arrive as text.
+        return json.loads(value) if isinstance(value, str) else value
+
+
 class ServerConfig(_Section):
     """The OpenAI-compatible HTTP server (``kvserve serve``); the engine ignores it."""
 
@@ -193,6 +225,7 @@ class EngineConfig(_Section):
     platform: PlatformConfig = Field(default_factory=PlatformConfig)
     quantization: QuantizationConfig = Field(default_factory=QuantizationConfig)
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
+    decoding: DecodingConfig = Field(default_factory=DecodingConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
 
     @model_validator(mode="after")

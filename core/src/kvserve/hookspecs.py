@@ -57,3 +57,9 @@ def register_logits_processors(register: Register) -> None:
 def register_quantization_methods(register: Register) -> None:
     """Register :class:`kvserve.interfaces.QuantizationMethod` classes under the
     ``quant_method`` name used in HF ``quantization_config``."""
+
+
+@hookspec
+def register_structured_output_backends(register: Register) -> None:
+    """Register :class:`kvserve.interfaces.StructuredOutputBackend` classes under the name
+    ``structured_outputs_config.backend`` selects (facts: ``priority``, ``unavailable``)."""

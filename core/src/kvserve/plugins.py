@@ -23,6 +23,7 @@ KINDS = (
     "kv_cache_manager",
     "quantization_method",
     "logits_processor",
+    "structured_output_backend",
 )
 
 

@@ -22,6 +22,7 @@ INSTALL_HINTS = {
     "kv_cache_manager": "kvserve-core",
     "quantization_method": "kvserve-quant-awq",
     "logits_processor": "kvserve-core",
+    "structured_output_backend": "kvserve-structured-outputs-xgrammar",
 }
 
 

@@ -7,6 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from kvserve.structured_outputs.params import StructuredOutputsParams
+
 GREEDY_TEMPERATURE = 1e-5
 """Temperatures below this are greedy (vLLM's ``_SAMPLING_EPS``): dividing by them would overflow."""
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -55,6 +57,9 @@ class SamplingParams(BaseModel):
     logits_processors: list[LogitsProcessor] = Field(default_factory=list)
     extra_args: dict[str, Any] | None = Field(
         None, description="Arguments for the engine's batch-level logits processors (vLLM's extra_args)"
+    )
+    structured_outputs: StructuredOutputsParams | None = Field(
+        None, description="A constraint the output must match: a JSON schema, regex, choice or grammar"
     )
     skip_special_tokens: bool = True
     detokenize: bool = True

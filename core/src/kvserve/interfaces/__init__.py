@@ -11,6 +11,7 @@ from kvserve.interfaces.platform import DeviceCapability, Platform
 from kvserve.interfaces.quantization import ParamLoading, QuantizationMethod
 from kvserve.interfaces.sampling_kernel import SamplingKernel
 from kvserve.interfaces.scheduler import AdmissionRule, ScheduledRequest, Scheduler, SchedulerOutput
+from kvserve.interfaces.structured_output import StructuredOutputBackend
 
 __all__ = [
     "AdmissionRule",
@@ -35,4 +36,5 @@ __all__ = [
     "ScheduledRequest",
     "Scheduler",
     "SchedulerOutput",
+    "StructuredOutputBackend",
 ]

@@ -44,3 +44,7 @@ class LogitsConstraint(ABC):
     @abstractmethod
     def is_terminated(self) -> bool:
         """True once nothing more may follow (the grammar reached its end); the request then stops."""
+
+    def reset(self) -> None:
+        """Back to the state before any token was accepted (a preempted request starts over)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot reset")
