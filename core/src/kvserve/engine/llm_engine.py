@@ -32,6 +32,7 @@ from kvserve.sampling.batch_processors import BatchLogitsProcessorsStage
 from kvserve.sampling.processor_loading import resolve_logits_processors
 from kvserve.sampling_params import SamplingParams
 from kvserve.stopping import grammar_complete
+from kvserve.structured_outputs.compiler import GrammarCompiler
 
 logger = logging.getLogger("kvserve")
 
@@ -67,6 +68,9 @@ class LLMEngine:
         self.kv_cache_manager = manager_cls(info.num_kv_blocks, info.block_size, config.cache.enable_prefix_caching)
         self.scheduler = scheduler_cls(config.scheduler, self.kv_cache_manager, self.max_model_len)
         self.sampler = self._sampler()
+        self.grammars = GrammarCompiler(
+            self.tokenizer, self.hf_config.vocab_size, self.eos_token_ids, config.decoding.structured_outputs_config
+        )
         self.token_metadata: dict[str, TokenMetadataSource] = {}
         """Name -> the value each token of a request carries under it, sent to the model with every
         step (:attr:`kvserve.forward_context.ForwardContext.token_metadata`), e.g. LoRA adapter ids."""
@@ -151,7 +155,9 @@ class LLMEngine:
         return check_request(
             prompt_token_ids, params, vocab_size=self.hf_config.vocab_size, max_model_len=self.max_model_len,
             max_n=self.config.scheduler.max_n, tokenizer=self.tokenizer,
-            logits_processors=self.logits_processor_classes, prompt=prompt, priority=priority, cache_salt=cache_salt,
+            logits_processors=self.logits_processor_classes,
+            structured_outputs=self.config.decoding.structured_outputs_config,
+            prompt=prompt, priority=priority, cache_salt=cache_salt,
         )  # fmt: skip
 
     def add_request(self, request_id: str, request: CheckedRequest) -> None:
@@ -175,6 +181,8 @@ class LLMEngine:
         )
         if request.after_prompt_of is not None:
             queued.ready_when = functools.partial(self._prompt_shared, request.after_prompt_of, queued)
+        if request.structured_output_backend is not None:
+            self.grammars.submit(queued, request.structured_output_backend)
         self.states[request_id] = RequestState(request_id, request.prompt, queued, self.tokenizer)
         self.scheduler.add_request(queued)
 
@@ -213,10 +221,11 @@ class LLMEngine:
         self._check_alive()
         try:
             started = time.perf_counter()
+            failed = self._install_grammars()
             plan = self.scheduler.schedule()
             if not plan.scheduled:
                 self.stat_logger.record_step(0, 0, len(plan.preempted))
-                return []
+                return self._outputs(failed)
             self._mark_scheduled(plan)
             step = self.executor.execute(StepInput.from_plan(plan, self.kv_cache_manager, self.token_metadata))
             # Who samples: the requests whose chunk completes their sequence, from its last row.
@@ -225,13 +234,23 @@ class LLMEngine:
             # Rows in order: a view, not a copy of [rows, vocab] logits per step.
             logits = step.logits[: len(rows)] if rows == list(range(len(rows))) else step.logits[rows]
             sampled = self.sampler(logits, owners)
-            changed = self._update(plan, step, owners, sampled)
+            changed = failed | self._update(plan, step, owners, sampled)
             self.scheduler.record_step_time(plan, time.perf_counter() - started)
             self._record_step(plan, len(owners))
             return self._outputs(changed)
         except Exception as exc:
             self._die(exc)
             raise EngineDeadError(f"the engine stopped: its step failed with {type(exc).__name__}: {exc}") from exc
+
+    def _install_grammars(self) -> dict[str, RequestState]:
+        """Give waiting requests their compiled grammars; fail those whose grammar failed to compile."""
+        failed = {}
+        for request_id, error in self.grammars.install_ready().items():
+            state = self.states.get(request_id)
+            if state is not None:
+                self._fail(state, error)
+                failed[request_id] = state
+        return failed
 
     def _mark_scheduled(self, plan: SchedulerOutput) -> None:
         now = time.monotonic()
@@ -341,7 +360,9 @@ class LLMEngine:
         self.executor.shutdown()
 
     def shutdown(self) -> None:
-        """Stop the executor's workers (tensor parallelism); the engine cannot step afterwards."""
+        """Stop the executor's workers (tensor parallelism) and the grammar compiler; the engine
+        cannot step afterwards."""
+        self.grammars.shutdown()
         self.executor.shutdown()
 
     def _check_alive(self) -> None:
@@ -386,6 +407,7 @@ class LLMEngine:
         """``request`` has finished: drop what the sampler keeps for it (its state stays until its
         final output is out)."""
         self.sampler.forget(request.request_id)
+        self.grammars.forget(request.request_id)
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached KV block (e.g. after the weights changed); False, changing nothing,

@@ -10,10 +10,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kvserve.config import StructuredOutputsConfig
 from kvserve.errors import CapacityError
 from kvserve.interfaces.logits_processor import LogitsProcessor
 from kvserve.sampling import bad_word_token_ids
 from kvserve.sampling_params import SamplingParams
+from kvserve.structured_outputs.selection import choose_backend
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,8 @@ class CheckedRequest:
     blocks are in the prefix cache (computed, or computing in the same step) or computed (the
     later samples of an ``n > 1`` request wait so for the first one's); None: admitted as soon as
     the scheduler can."""
+    structured_output_backend: str | None = None
+    """The registered backend that compiles ``params.structured_outputs`` (None: unconstrained)."""
 
 
 def check_request(
@@ -47,6 +51,7 @@ def check_request(
     max_n: int,
     tokenizer: Any,
     logits_processors: Sequence[type[LogitsProcessor]] = (),
+    structured_outputs: StructuredOutputsConfig | None = None,
     prompt: str | None = None,
     priority: int = 0,
     cache_salt: str | None = None,
@@ -57,7 +62,9 @@ def check_request(
     ``stop_token_ids``, ``allowed_token_ids``, ``logit_bias`` or the tokenized ``bad_words``;
     ``n`` above ``max_n``. CapacityError: prompt + ``max_tokens`` beyond ``max_model_len``.
     The prompt's ids are checked as numbers only: nothing decodes them. Each of the engine's batch-level
-    ``logits_processors`` validates the params too (its ValueError names the field).
+    ``logits_processors`` validates the params too (its ValueError names the field). A
+    ``params.structured_outputs`` constraint no backend of ``structured_outputs`` (the engine's
+    config) accepts: ValueError with the compiler's message; one that is accepted records its backend.
     """
     if not prompt_token_ids:
         raise ValueError("prompt: empty prompt")
@@ -77,7 +84,12 @@ def check_request(
         processor.validate_params(params)
     bad_words = bad_word_token_ids(params.bad_words, tokenizer)
     _check_token_ids("bad_words", [t for word in bad_words for t in word], vocab_size)
-    return CheckedRequest(list(prompt_token_ids), params, bad_words, priority, cache_salt, prompt)
+    backend = None
+    if params.structured_outputs is not None:
+        backend = choose_backend(params.structured_outputs, structured_outputs or StructuredOutputsConfig())
+    return CheckedRequest(
+        list(prompt_token_ids), params, bad_words, priority, cache_salt, prompt, structured_output_backend=backend
+    )
 
 
 def _check_token_ids(field: str, token_ids: list[int], vocab_size: int) -> None:

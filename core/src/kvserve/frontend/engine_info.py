@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from kvserve.config import StructuredOutputsConfig
 from kvserve.engine.llm_engine import LLMEngine
 from kvserve.engine.validation import CheckedRequest, check_request
 from kvserve.interfaces.logits_processor import LogitsProcessor
@@ -24,6 +25,8 @@ class EngineInfo:
     """The engine's own tokenizer (pickled across when the engine core has its own process)."""
     logits_processors: tuple[type[LogitsProcessor], ...] = ()
     """The engine's batch-level logits processor classes (they validate each request's params)."""
+    structured_outputs: StructuredOutputsConfig = field(default_factory=StructuredOutputsConfig)
+    """The engine's ``structured_outputs_config`` (which backends may compile a request's constraint)."""
 
     @classmethod
     def from_engine(cls, engine: LLMEngine) -> EngineInfo:
@@ -34,6 +37,7 @@ class EngineInfo:
             max_n=engine.config.scheduler.max_n,
             tokenizer=engine.tokenizer,
             logits_processors=tuple(engine.logits_processor_classes),
+            structured_outputs=engine.config.decoding.structured_outputs_config,
         )
 
     def check_request(
@@ -50,5 +54,5 @@ class EngineInfo:
         return check_request(
             prompt_token_ids, params, vocab_size=self.vocab_size, max_model_len=self.max_model_len,
             max_n=self.max_n, tokenizer=self.tokenizer, logits_processors=self.logits_processors,
-            prompt=prompt, priority=priority, cache_salt=cache_salt,
+            structured_outputs=self.structured_outputs, prompt=prompt, priority=priority, cache_salt=cache_salt,
         )  # fmt: skip

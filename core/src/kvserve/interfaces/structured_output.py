@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 if TYPE_CHECKING:
     from kvserve.config import StructuredOutputsConfig
     from kvserve.interfaces.logits_constraint import LogitsConstraint
-    from kvserve.structured_outputs.params import StructuredOutputsParams
+    from kvserve.sampling_params import StructuredOutputsParams
 
 
 class StructuredOutputBackend(ABC):

@@ -34,7 +34,10 @@ class ConstraintMaskStage(SamplerStage):
                 batch.requests[row].logits_constraint.fill_bitmask(bitmask, slot)
             except Exception as exc:  # the constraint's own code or state: fail its request only
                 batch.fail(row, "filling the constraint's token mask", exc)
-        allowed = unpack_bitmask(bitmask, logits.shape[1]).to(logits.device)
+        allowed = unpack_bitmask(bitmask, logits.shape[1])  # on the host, as the bitmask: no device sync
+        for slot in (~allowed.any(dim=1)).nonzero().flatten().tolist():
+            batch.fail(rows[slot], "applying its constraint", ValueError("the grammar allows no token here"))
+        allowed = allowed.to(logits.device)
         index = torch.tensor(rows, device=logits.device)
         logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
         return logits

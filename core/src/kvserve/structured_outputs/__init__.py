@@ -1,5 +1,6 @@
-"""Structured outputs: constraints a request's output must match, compiled by backend plugins."""
+"""Structured outputs: a request's constraint (:class:`~kvserve.sampling_params.StructuredOutputsParams`)
+chosen a backend at the door (:mod:`.selection`) and compiled off the step loop (:mod:`.compiler`)."""
 
-from kvserve.structured_outputs.params import CONSTRAINT_KINDS, ConstraintKind, StructuredOutputsParams
+from kvserve.sampling_params import CONSTRAINT_KINDS, ConstraintKind, StructuredOutputsParams
 
 __all__ = ["CONSTRAINT_KINDS", "ConstraintKind", "StructuredOutputsParams"]
