@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from kvserve.interfaces.logits_constraint import bitmask_words
@@ -10,11 +11,12 @@ from kvserve.sampling.batch import SamplingBatch
 from kvserve.sampling.stage import SamplerStage
 
 
-def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """int32 ``[rows, words]`` bitmask -> bool ``[rows, vocab_size]``, True where a token is allowed."""
-    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
-    bits = (bitmask.unsqueeze(-1) >> shifts) & 1
-    return bits.flatten(1)[:, :vocab_size].bool()
+def banned_tokens(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Host int32 ``[rows, words]`` bitmask -> host bool ``[rows, vocab_size]``, True where a token is
+    banned (its bit clear). numpy's unpackbits reads bit ``j`` of word ``w`` as token ``32 * w + j`` on a
+    little-endian host, as xgrammar and llguidance write them."""
+    packed = np.invert(bitmask.numpy().view(np.uint8))
+    return torch.from_numpy(np.unpackbits(packed, axis=1, count=vocab_size, bitorder="little")).view(torch.bool)
 
 
 class ConstraintMaskStage(SamplerStage):
@@ -34,12 +36,14 @@ class ConstraintMaskStage(SamplerStage):
                 batch.requests[row].logits_constraint.fill_bitmask(bitmask, slot)
             except Exception as exc:  # the constraint's own code or state: fail its request only
                 batch.fail(row, "filling the constraint's token mask", exc)
-        allowed = unpack_bitmask(bitmask, logits.shape[1])  # on the host, as the bitmask: no device sync
-        for slot in (~allowed.any(dim=1)).nonzero().flatten().tolist():
+        banned = banned_tokens(bitmask, logits.shape[1])  # on the host, as the bitmask: no device sync
+        for slot in banned.all(dim=1).nonzero().flatten().tolist():
             batch.fail(rows[slot], "applying its constraint", ValueError("the grammar allows no token here"))
-        allowed = allowed.to(logits.device)
+        banned = banned.to(logits.device, non_blocking=True)
+        if len(rows) == len(batch.requests):  # every row constrained: in place, no gather
+            return logits.masked_fill_(banned, float("-inf"))
         index = torch.tensor(rows, device=logits.device)
-        logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
+        logits[index] = logits[index].masked_fill(banned, float("-inf"))
         return logits
 
     def on_accept(self, request: Request, token_ids: list[int]) -> None:
