@@ -11,6 +11,8 @@ from kvserve_structured_outputs_xgrammar.backend import XgrammarBackend, Xgramma
 
 
 class _Unmasked(XgrammarMatcher):
+    """Fills a row of all ones."""
+
     def fill_bitmask(self, bitmask, row):
         bitmask[row] = -1
 
@@ -25,6 +27,8 @@ class SkipsTheMask(XgrammarBackend):
 
 
 class _EndsNever(XgrammarMatcher):
+    """Clears the EOS bits of xgrammar's mask and never reports itself terminated."""
+
     def __init__(self, matcher, eos_token_ids):
         super().__init__(matcher)
         self._eos = list(eos_token_ids)

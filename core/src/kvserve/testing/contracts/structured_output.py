@@ -101,6 +101,7 @@ class StructuredOutputBackendContract(ComponentContract):
     # -- fixtures and helpers -------------------------------------------------------------------
     @pytest.fixture(scope="class")
     def tokenizer(self) -> Any:
+        """The embedded SmolLM2's tokenizer (49,152 tokens)."""
         return smollm2_tokenizer()
 
     @pytest.fixture(scope="class")
@@ -122,10 +123,12 @@ class StructuredOutputBackendContract(ComponentContract):
 
     @staticmethod
     def encode(tokenizer: Any, text: str) -> list[int]:
+        """``text``'s token ids as the model would emit them (no BOS)."""
         return tokenizer.encode(text, add_special_tokens=False)
 
     @staticmethod
     def decode(tokenizer: Any, ids: list[int]) -> str:
+        """The text of ``ids``, spaces as emitted."""
         return tokenizer.decode(ids, clean_up_tokenization_spaces=False)
 
     @staticmethod
@@ -188,7 +191,7 @@ class StructuredOutputBackendContract(ComponentContract):
     @pytest.mark.parametrize(("field", "params"), MALFORMED, ids=[f"{f}-{i}" for i, (f, _) in enumerate(MALFORMED)])
     def test_malformed_constraints_are_refused_naming_the_field(self, component, built, field, params):
         """validate (no tokenizer) and compile both raise ValueError: ``structured_outputs.<field>: <why>``."""
-        for what, call in (("validate", lambda: component.validate(params, built.config)),
+        for what, call in (("validate", lambda: component.validate(params, StructuredOutputsConfig())),
                            ("compile", lambda: built.compile(params))):  # fmt: skip
             try:
                 call()
@@ -204,7 +207,7 @@ class StructuredOutputBackendContract(ComponentContract):
 
     @pytest.mark.parametrize("params", WELL_FORMED, ids=[p.kind for p in WELL_FORMED])
     def test_well_formed_constraints_validate_and_compile(self, component, built, tokenizer, params):
-        component.validate(params, built.config)
+        component.validate(params, StructuredOutputsConfig())
         matcher = built.matcher(built.compile(params))
         if not self.allowed(matcher, tokenizer).any():
             violation(f"a fresh {params.kind} matcher allows no token at all")
@@ -287,14 +290,15 @@ class StructuredOutputBackendContract(ComponentContract):
         after ``{``; by default one is allowed."""
         newline = self.encode(tokenizer, "\n")[0]
         no_free_whitespace = self.build(component, tokenizer, eos_ids, disable_any_whitespace=True)
-        for backend, own, expected in ((built, None, True), (built, True, False), (no_free_whitespace, None, False),
-                                       (no_free_whitespace, False, True)):  # fmt: skip
+        for backend, engines, own, expected in ((built, False, None, True), (built, False, True, False),
+                                                (no_free_whitespace, True, None, False),
+                                                (no_free_whitespace, True, False, True)):  # fmt: skip
             params = StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=own)
             matcher = backend.matcher(backend.compile(params))
             matcher.accept_tokens(self.encode(tokenizer, "{"))
             if bool(self.allowed(matcher, tokenizer)[newline]) != expected:
                 violation(
-                    f"with the engine's disable_any_whitespace={backend.config.disable_any_whitespace} and the "
+                    f"with the engine's disable_any_whitespace={engines} and the "
                     f"request's {own}, a newline after '{{' is {'refused' if expected else 'allowed'}"
                 )
 
