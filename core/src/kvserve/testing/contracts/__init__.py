@@ -41,6 +41,12 @@ CONTRACTS: dict[str, ContractInfo] = {
             "LogitsProcessorContract",
             "logits_processor",
         ),
+        ContractInfo(
+            "structured_output_backend",
+            "kvserve.testing.contracts.structured_output",
+            "StructuredOutputBackendContract",
+            "backend",
+        ),
     )
 }
 """Plugin kind -> its contract (every kind of ``kvserve.plugins.KINDS`` has one)."""

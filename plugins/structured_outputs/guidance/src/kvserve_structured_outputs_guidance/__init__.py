@@ -1,0 +1,1 @@
+"""kvserve-structured-outputs-guidance: constrained decoding with llguidance (imported only when used)."""

@@ -1,0 +1,1 @@
+"""kvserve-structured-outputs-xgrammar: constrained decoding with xgrammar (imported only when used)."""
