@@ -80,17 +80,26 @@ def engine_dead() -> OpenAIError:
     return OpenAIError(503, "the engine is not running; the server must be restarted", code="engine_dead")
 
 
-def engine_error(exc: Exception) -> OpenAIError:
-    """What the engine raised about a request, for the client: 400 (naming the field) or 503."""
+def field_error(message: str, renames: Mapping[str, str] | None = None, code: str = "invalid_value") -> OpenAIError:
+    """400 for a ``"field: why"`` message: the field (a name, or a dotted path such as
+    ``structured_outputs.regex``) as the client called it (``renames``), ``param`` its top-level name."""
+    field, sep, why = message.partition(": ")
+    if not sep or not all(part.isidentifier() for part in field.split(".")):
+        return OpenAIError(400, message, code=code)
+    field = (renames or {}).get(field, field)
+    return OpenAIError(400, f"{field}: {why}", param=field.split(".")[0], code=code)
+
+
+def engine_error(exc: Exception, renames: Mapping[str, str] | None = None) -> OpenAIError:
+    """What the engine raised about a request, for the client: 400 (naming the field, as ``renames`` has
+    it) or 503."""
     if isinstance(exc, EngineDeadError):
         return engine_dead()
-    message = str(exc)
-    field, sep, _ = message.partition(": ")
-    param = field if sep and field.isidentifier() else None
-    if param == "prompt_token_ids":  # what the client sent as ``prompt``
-        param = "prompt"
     code = "context_length_exceeded" if isinstance(exc, CapacityError) else "invalid_value"
-    return OpenAIError(400, message, param=param, code=code)
+    error = field_error(str(exc), renames, code)
+    if error.param == "prompt_token_ids":  # what the client sent as ``prompt``
+        error.param = "prompt"
+    return error
 
 
 def as_openai_error(exc: Exception) -> OpenAIError:

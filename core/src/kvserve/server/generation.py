@@ -37,7 +37,7 @@ class GenerationRun(ABC):
     def __init__(
         self, state: ServerState, body: GenerationRequest, params: SamplingParams, prompts: list[list[int]]
     ) -> None:
-        self.requests = state.validate(prompts, params, body.priority)
+        self.requests = state.validate(prompts, params, body.priority, body.constraint_renames())
         self.state = state
         self.params = params
         self.prompts = prompts

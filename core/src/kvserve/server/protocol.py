@@ -5,21 +5,27 @@ Requests carry OpenAI's fields plus vLLM's sampling extensions (``top_k``, ``min
 ``null`` means "the default" everywhere, as the official clients send it. Integers lie within
 int64 and floats are finite (else a 400 naming the field). OpenAI fields that do not change
 what is generated (``user``, ``store``, ``metadata``, ...) are accepted and ignored; those that
-would and that kvserve cannot honour (``suffix``, ``tools``, ``response_format`` other than
-text, ...) are a 400 naming the field unless they ask for what kvserve does anyway.
+would and that kvserve cannot honour (``suffix``, ``tools``, ...) are a 400 naming the field
+unless they ask for what kvserve does anyway.
+
+A structured-output constraint comes in any of vLLM's spellings (see
+:meth:`GenerationRequest.structured_outputs_params`): OpenAI's ``response_format``, vLLM's
+``structured_outputs`` object, or its older ``guided_json``, ``guided_regex``, ``guided_choice``,
+``guided_grammar`` and ``structural_tag`` fields; at most one per request.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any, ClassVar, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, TypeVar, cast
 
 from fastapi import Request
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue, ValidationError, WrapValidator
 from pydantic_core import PydanticCustomError
 
 from kvserve.sampling_params import SamplingParams
-from kvserve.server.errors import OpenAIError, invalid_value_error, request_shape_error
+from kvserve.server.errors import OpenAIError, field_error, invalid_value_error, request_shape_error
+from kvserve.structured_outputs import CONSTRAINT_KINDS, ConstraintKind, StructuredOutputsParams
 
 RequestModel = TypeVar("RequestModel", bound=BaseModel)
 
@@ -71,6 +77,74 @@ class StreamOptions(_Strict):
     """Ignored: kvserve adds no obfuscation padding to stream chunks."""
 
 
+class JsonSchemaFormat(_Strict):
+    """OpenAI's ``response_format.json_schema``."""
+
+    name: str
+    description: str | None = None
+    schema_: dict[str, JsonValue] = Field(alias="schema")
+    strict: bool | None = None
+    """Accepted either way: the grammar always holds the output to the whole schema."""
+
+
+class TagStructure(_Strict):
+    """One tagged part of vLLM's older ``structural_tag`` response format."""
+
+    begin: str
+    schema_: dict[str, JsonValue] | None = Field(None, alias="schema")
+    end: str
+
+
+class ResponseFormat(_Strict):
+    """OpenAI's ``response_format`` (``text``, ``json_object``, ``json_schema``) and vLLM's ``structural_tag``
+    (``format``, or the older ``structures`` and ``triggers``)."""
+
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
+    json_schema: JsonSchemaFormat | None = None
+    format: JsonValue = None
+    structures: list[TagStructure] | None = None
+    triggers: list[str] | None = None
+
+    _PARTS: ClassVar[tuple[str, ...]] = ("json_schema", "format", "structures", "triggers")
+    _SHAPES: ClassVar[dict[str, list[set[str]]]] = {
+        "text": [set()], "json_object": [set()], "json_schema": [{"json_schema"}],
+        "structural_tag": [{"format"}, {"structures", "triggers"}],
+    }  # fmt: skip
+
+    def constraint(self) -> tuple[str, ConstraintKind, Any] | None:
+        """(where it is, as the client wrote it; its kind; its value), None for ``text``; fields that do not
+        go with ``type`` are a 400."""
+        given = {name for name in self._PARTS if getattr(self, name) is not None}
+        shapes = self._SHAPES[self.type]
+        if given not in shapes:
+            takes = " or ".join(", ".join(sorted(shape)) or "no other field" for shape in shapes)
+            raise OpenAIError(
+                400, f"response_format: type {self.type!r} takes {takes}; got {', '.join(sorted(given)) or 'none'}",
+                param="response_format", code="invalid_value",
+            )  # fmt: skip
+        if self.type == "json_schema":
+            assert self.json_schema is not None
+            return "response_format.json_schema.schema", "json", self.json_schema.schema_
+        if self.type == "json_object":
+            return "response_format", "json_object", True
+        if self.type == "structural_tag":  # as vLLM hands it to the backend: the whole object as JSON text
+            return "response_format", "structural_tag", self.model_dump_json(by_alias=True, exclude_none=True)
+        return None
+
+
+OLDER_CONSTRAINT_FIELDS: dict[str, ConstraintKind] = {
+    "guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar",
+    "structural_tag": "structural_tag",
+}  # fmt: skip
+"""vLLM's older top-level spellings of a constraint (deprecated there, accepted here)."""
+
+
+def _constraint_kind(key: str) -> ConstraintKind | None:
+    """The constraint a ``structured_outputs`` key sets, if any (``json_schema`` is ``json``'s Python name)."""
+    kind = "json" if key == "json_schema" else key
+    return cast(ConstraintKind, kind) if kind in CONSTRAINT_KINDS else None
+
+
 class GenerationRequest(_Strict):
     """Fields both generation endpoints share."""
 
@@ -104,6 +178,19 @@ class GenerationRequest(_Strict):
     allowed_token_ids: list[Integer] | None = None
     bad_words: list[str] | None = None
     priority: Int64 = 0
+    # Structured outputs, in each spelling vLLM accepts; see structured_outputs_params.
+    response_format: ResponseFormat | None = None
+    structured_outputs: dict[str, JsonValue] | None = None
+    """vLLM's object: the fields of ``StructuredOutputsParams`` (checked when the request is converted)."""
+    guided_json: dict[str, JsonValue] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    structural_tag: str | None = None
+    guided_whitespace_pattern: str | None = None
+    """vLLM's older spelling of ``structured_outputs.whitespace_pattern``."""
+    guided_decoding_backend: str | None = None
+    """Only null: the server's ``structured_outputs_config`` chooses the backend for every request."""
 
     _SHARED: ClassVar[tuple[str, ...]] = (
         "n", "temperature", "top_p", "stop", "seed", "presence_penalty", "frequency_penalty", "top_k", "min_p",
@@ -125,6 +212,64 @@ class GenerationRequest(_Strict):
             raise OpenAIError(400, "logit_bias: keys must be token ids", param="logit_bias")
         return {int(token): bias for token, bias in (self.logit_bias or {}).items()}
 
+    def _constraints(self) -> list[tuple[str, ConstraintKind, Any]]:
+        """Every constraint the request sets: (where, as the client wrote it; its kind; its value)."""
+        found = []
+        if self.response_format is not None and (given := self.response_format.constraint()) is not None:
+            found.append(given)
+        for key, value in (self.structured_outputs or {}).items():
+            kind = _constraint_kind(key)
+            if kind is not None and value is not None and value is not False:
+                found.append((f"structured_outputs.{key}", kind, value))
+        for field, kind in OLDER_CONSTRAINT_FIELDS.items():
+            if getattr(self, field) is not None:
+                found.append((field, kind, getattr(self, field)))
+        return found
+
+    def constraint_renames(self) -> dict[str, str]:
+        """``structured_outputs.<kind>`` (how the engine names the constraint in its errors) to the field the
+        client set it in, where that differs (``guided_regex``, ``response_format...``)."""
+        renames = {f"structured_outputs.{kind}": where for where, kind, _ in self._constraints()}
+        return {name: where for name, where in renames.items() if name != where}
+
+    def structured_outputs_params(self) -> StructuredOutputsParams | None:
+        """The request's one constraint, wherever it was set, with ``structured_outputs``' options (as vLLM
+        merges them: ``structured_outputs={"disable_any_whitespace": true}`` applies to a ``response_format``).
+
+        400s naming the fields: two constraints; options but no constraint; a value
+        ``StructuredOutputsParams`` refuses (an empty ``choice``, a ``json`` string that is not JSON, ...);
+        ``guided_decoding_backend``. Whether the engine can compile the constraint is checked later,
+        with the prompt (``check_request``), its errors renamed by :meth:`constraint_renames`.
+        """
+        if self.guided_decoding_backend is not None:
+            why = "the backend is chosen for the whole server (--structured-outputs-config '{\"backend\": ...}')"
+            raise unsupported("guided_decoding_backend", why)
+        constraints = self._constraints()
+        options = {k: v for k, v in (self.structured_outputs or {}).items() if _constraint_kind(k) is None}
+        if self.guided_whitespace_pattern is not None:
+            options.setdefault("whitespace_pattern", self.guided_whitespace_pattern)
+        if len(constraints) > 1:
+            fields = [where for where, _, _ in constraints]
+            raise OpenAIError(
+                400, f"{', '.join(fields)}: a request takes one structured-output constraint; got {len(fields)}",
+                param=fields[0].split(".")[0], code="invalid_value",
+            )  # fmt: skip
+        if not constraints:
+            if self.structured_outputs is None and self.guided_whitespace_pattern is None:
+                return None
+            field = "structured_outputs" if self.structured_outputs is not None else "guided_whitespace_pattern"
+            kinds = ", ".join(CONSTRAINT_KINDS)
+            raise OpenAIError(400, f"{field}: no constraint given (one of {kinds})", param=field, code="invalid_value")
+        _, kind, value = constraints[0]
+        try:
+            return StructuredOutputsParams.model_validate({**options, kind: value}, strict=True)
+        except ValidationError as exc:
+            err = exc.errors(include_url=False)[0]
+            message = "unknown field" if err["type"] == "extra_forbidden" else str(err["msg"])
+            if err["loc"]:  # a key of structured_outputs: unknown, or a value of the wrong type
+                message = f"structured_outputs.{err['loc'][0]}: {message}"
+            raise field_error(message.removeprefix("Value error, "), self.constraint_renames()) from None
+
     def _sampling_params(self, renames: dict[str, str] | None = None, **fields: Any) -> SamplingParams:
         """SamplingParams from the shared fields (unless null) plus the endpoint's ``fields`` (even None:
         ``max_tokens=None`` means up to the context length); bad values are 400s."""
@@ -134,6 +279,7 @@ class GenerationRequest(_Strict):
         values.update(fields)
         if self.logit_bias:
             values["logit_bias"] = self.logit_bias_ids()
+        values["structured_outputs"] = self.structured_outputs_params()
         try:
             # A streamed answer goes out token by token; a whole one needs only the final output (as vLLM's
             # FINAL_ONLY: no per-token hand-off to the event loop).
@@ -204,8 +350,7 @@ class ChatCompletionRequest(GenerationRequest):
     # Ignored: without tools there are no calls to parallelize; a prediction only speeds up a reply.
     parallel_tool_calls: bool | None = None
     prediction: JsonValue = None
-    # Accepted only where they ask for what kvserve does anyway (plain text, no tools); see check_supported.
-    response_format: dict[str, JsonValue] | None = None
+    # Accepted only where they ask for what kvserve does anyway (no tools); see check_supported.
     tools: list[JsonValue] | None = None
     tool_choice: JsonValue = None
     functions: list[JsonValue] | None = None
@@ -217,9 +362,6 @@ class ChatCompletionRequest(GenerationRequest):
     web_search_options: JsonValue = None
 
     def check_supported(self) -> None:
-        if self.response_format is not None and self.response_format.get("type") != "text":
-            why = "only {'type': 'text'}: structured output (json_object, json_schema) is not supported"
-            raise unsupported("response_format", why)
         for field in ("tools", "functions"):
             if getattr(self, field):
                 raise unsupported(field, "tool and function calling are not supported")

@@ -59,13 +59,16 @@ class ServerState:
                 "model_not_found",
             )
 
-    def validate(self, prompts: list[list[int]], params: SamplingParams, priority: int) -> list[CheckedRequest]:
+    def validate(
+        self, prompts: list[list[int]], params: SamplingParams, priority: int, renames: dict[str, str] | None = None
+    ) -> list[CheckedRequest]:
         """Each prompt checked, once, before anything is queued or streamed: a prompt the engine could
-        never serve is refused (400, naming the field); :meth:`generate` takes the checked requests."""
+        never serve is refused (400, naming the field, as ``renames`` has it); :meth:`generate` takes the
+        checked requests."""
         try:
             return [self.llm.validate_prompt(token_ids, params, priority=priority) for token_ids in prompts]
         except (ValueError, CapacityError) as exc:  # the message names the field
-            raise engine_error(exc) from None
+            raise engine_error(exc, renames) from None
 
     def acquire_slots(self, sequences: int) -> None:
         """Count a request's ``sequences`` in flight, or refuse with 429 if they would go over the limit."""
