@@ -10,8 +10,9 @@ component by its registry name; pytest then runs every check of the contract aga
 
 One contract per interface: :class:`PlatformContract`, :class:`AttentionBackendContract`,
 :class:`KVCacheManagerContract`, :class:`SchedulerContract`, :class:`ModelContract`,
-:class:`QuantizationMethodContract` and :class:`LogitsProcessorContract`. ``kvserve plugins check``
-runs the same suites against installed plugins. The package is also a pytest plugin (entry point ``pytest11: kvserve``).
+:class:`QuantizationMethodContract`, :class:`LogitsProcessorContract` and :class:`ToolParserContract`.
+``kvserve plugins check`` runs the same suites against installed plugins. The package is also a pytest
+plugin (entry point ``pytest11: kvserve``).
 
 Importing ``kvserve.testing`` is cheap: the contracts (and torch) load on first attribute use.
 """
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from kvserve.testing.contracts.platform import PlatformContract
     from kvserve.testing.contracts.quantization import QuantizationMethodContract
     from kvserve.testing.contracts.scheduler import SchedulerContract
+    from kvserve.testing.contracts.tool_parser import ToolParserCase, ToolParserContract
 
 _LAZY = {
     "AttentionBackendContract": "kvserve.testing.contracts.attention",
@@ -39,6 +41,8 @@ _LAZY = {
     "PlatformContract": "kvserve.testing.contracts.platform",
     "QuantizationMethodContract": "kvserve.testing.contracts.quantization",
     "SchedulerContract": "kvserve.testing.contracts.scheduler",
+    "ToolParserCase": "kvserve.testing.contracts.tool_parser",
+    "ToolParserContract": "kvserve.testing.contracts.tool_parser",
     "contract_for": "kvserve.testing.check",
 }
 
@@ -50,6 +54,8 @@ __all__ = [
     "PlatformContract",
     "QuantizationMethodContract",
     "SchedulerContract",
+    "ToolParserCase",
+    "ToolParserContract",
     "contract_for",
 ]
 
