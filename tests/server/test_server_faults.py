@@ -142,7 +142,7 @@ MALFORMED = [
     ("/v1/completions", {"prompt": "x", "suffix": "and then"}, 400, "suffix"),
     ("/v1/chat/completions", {**CHAT, "n": 20000}, 400, "n"),
     ("/v1/chat/completions", {**CHAT, "seed": -(2**63) - 1}, 400, "seed"),
-    ("/v1/chat/completions", {**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
+    ("/v1/chat/completions", {**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tool_choice"),
     ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_object"}}, 400, "response_format"),
     ("/v1/chat/completions", {**CHAT, "tool_choice": "required"}, 400, "tool_choice"),
     ("/v1/chat/completions", {**CHAT, "reasoning_effort": "high"}, 400, "reasoning_effort"),

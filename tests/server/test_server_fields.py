@@ -31,8 +31,6 @@ def test_completion_fields_that_change_nothing_are_accepted(client: openai.OpenA
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]}, "tools"),
-        ({"tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, "tool_choice"),
         ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}, "response_format"),
         ({"modalities": ["text", "audio"]}, "modalities"),
         ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
