@@ -176,6 +176,10 @@ def test_auto_tool_choice_reads_calls_whole_and_streamed(auto_server: ServerThre
     assert record.function.name == "record" and len(text) == 3 and text == text[0] * 3
     assert (done.function.name, done.function.arguments) == ("done", "{}")
     assert record.id != done.id and record.type == "function"
+    # The reply's message goes back into the conversation as the client gives it, with the tools' results.
+    results = [{"role": "tool", "tool_call_id": call.id, "content": "ok"} for call in whole.message.tool_calls]
+    follow_up = client.chat.completions.create(**{**args, "messages": [*CONVERSATION, whole.message, *results]})
+    assert follow_up.usage.prompt_tokens > client.chat.completions.create(**args).usage.prompt_tokens
 
     chunks = list(client.chat.completions.create(**args, stream=True))
     calls: dict[int, dict] = {}
