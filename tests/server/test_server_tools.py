@@ -294,3 +294,18 @@ def test_serve_options_set_the_tool_calling_config(monkeypatch: pytest.MonkeyPat
     assert refused.exit_code != 0 and "enable_auto_tool_choice needs tool_call_parser" in str(refused.exception), (
         refused.output
     )
+
+
+def test_a_hermes_server_gives_a_reply_without_calls_as_its_text(make_server, tiny_llm) -> None:
+    """The real parser on the server's path: the tiny model's text has no <tool_call>, so it is all content,
+    whole or streamed, and the same as with tool_choice none."""
+    with make_server(tiny_llm, enable_auto_tool_choice=True, tool_call_parser="hermes") as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+        args = dict(model=MODEL, messages=CONVERSATION, tools=WEATHER_TOOLS, max_tokens=12, seed=3, temperature=1.0)
+        args["extra_body"] = {"ignore_eos": True}
+        text = client.chat.completions.create(**args, tool_choice="none").choices[0].message.content
+        whole = client.chat.completions.create(**args).choices[0]
+        chunks = list(client.chat.completions.create(**args, stream=True))
+    assert text and (whole.message.content, whole.message.tool_calls, whole.finish_reason) == (text, None, "length")
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == text
+    assert not any(c.choices[0].delta.tool_calls for c in chunks)

@@ -113,7 +113,7 @@ class StreamingToolParser(ToolParser):
         return False
 
     # -- JSON call objects ----------------------------------------------------------------------
-    def _open_call(self, opening: str = "") -> None:
+    def _open_call(self, opening: str) -> None:
         """Start scanning a call object at the start of the buffer; ``opening`` is the delimiter text
         before it, given back as content if the object never gets a name."""
         self._call = _OpenCall(self.argument_keys, opening)
@@ -151,11 +151,6 @@ class StreamingToolParser(ToolParser):
             self._call, self._after_call = None, True
             return "broken"
         return "open"
-
-    def _skip_whitespace(self) -> bool:
-        """Drop whitespace at the start of the buffer; True if something else follows it."""
-        self._buffer = self._buffer.lstrip()
-        return bool(self._buffer)
 
 
 class JsonCallListParser(StreamingToolParser):
