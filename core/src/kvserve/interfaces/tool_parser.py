@@ -82,6 +82,8 @@ class ToolParser(ABC):
     """The registry name (``--tool-call-parser``)."""
 
     def __init__(self, tokenizer: Any, tools: list[dict[str, Any]]) -> None:
+        """A parser for one reply of a request with these ``tools``; a subclass that keeps stream state
+        sets it up here, after ``super().__init__``."""
         self.tokenizer = tokenizer
         self.tools = tools
 

@@ -167,7 +167,10 @@ class ToolParserContract(ComponentContract):
     def test_cases_are_given(self) -> None:
         """The contract subclass gives replies in the parser's format, some with calls."""
         if not any(case.tool_calls for case in self.cases()):
-            violation(f"{type(self).__name__}.cases() must return replies in the parser's format, some with calls")
+            violation(
+                f"{type(self).__name__}.cases() gives no reply with calls: a parser's contract needs replies in its "
+                "format (ship a ToolParserContract subclass with cases() and name it with the 'contract' fact)"
+            )
 
     def test_whole_reply_holds_what_the_case_states(self, component, case: ToolParserCase) -> None:
         content, calls = self.whole(component, case.output)
