@@ -309,3 +309,26 @@ def test_a_hermes_server_gives_a_reply_without_calls_as_its_text(make_server, ti
     assert text and (whole.message.content, whole.message.tool_calls, whole.finish_reason) == (text, None, "length")
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == text
     assert not any(c.choices[0].delta.tool_calls for c in chunks)
+
+
+def test_a_tokenizer_with_named_templates_uses_its_tool_use_one_for_tools(make_server, tiny_llm) -> None:
+    tokenizer = tiny_llm.tokenizer
+    default = tokenizer.chat_template
+    tokenizer.chat_template = {"default": default, "tool_use": TEMPLATE_WITH_TOOLS}
+    try:
+        with make_server(tiny_llm) as server:
+            client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+            with_tools = prompt_tokens(client, messages=CONVERSATION[:1], tools=WEATHER_TOOLS, tool_choice="none")
+            without = prompt_tokens(client, messages=CONVERSATION[:1])
+    finally:
+        tokenizer.chat_template = default
+    text = tokenizer.apply_chat_template(
+        CONVERSATION[:1],
+        tools=WEATHER_TOOLS,
+        chat_template=TEMPLATE_WITH_TOOLS,
+        add_generation_prompt=True,
+        tokenize=False,
+    )
+    assert with_tools == len(tokenizer.encode(text, add_special_tokens=False))
+    plain = tokenizer.apply_chat_template(CONVERSATION[:1], add_generation_prompt=True, tokenize=False)
+    assert without == len(tokenizer.encode(plain, add_special_tokens=False))

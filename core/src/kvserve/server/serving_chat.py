@@ -44,13 +44,15 @@ def chat_prompt(
 ) -> list[int]:
     """The conversation's prompt token ids; a conversation the template cannot render is a 400."""
     conversation = [m.template_input() for m in messages]
-    template = state.chat_template or state.tokenizer.chat_template
-    if template:
+    template = None
+    if state.chat_template or state.tokenizer.chat_template:
+        # As transformers picks it: a tokenizer may hold several (e.g. "default" and "tool_use").
+        template = state.tokenizer.get_chat_template(state.chat_template, tools or None)
         conversation, tools = conversation_for_template(template, conversation, tools)
     try:
         _, token_ids = render_chat(
             state.tokenizer, conversation, add_generation_prompt,
-            tools=tools, chat_template=state.chat_template, template_kwargs=template_kwargs,
+            tools=tools, chat_template=template, template_kwargs=template_kwargs,
         )  # fmt: skip
     except ChatTemplateError as exc:
         raise OpenAIError(400, str(exc), param="messages", code="invalid_messages") from None
