@@ -1,8 +1,9 @@
-"""Core's built-in components pass their contracts: the paged KV cache manager and the
-unquantized linear method."""
+"""Core's built-in components pass their contracts: the paged KV cache manager, the
+unquantized linear method and the tool parsers."""
 
 from kvserve.layers.linear import UnquantizedLinearMethod
 from kvserve.testing import KVCacheManagerContract, QuantizationMethodContract
+from kvserve.testing.contracts.tool_parser import HermesContract, Llama3JsonContract, MistralContract, PythonicContract
 
 
 class TestPagedKVCacheManager(KVCacheManagerContract):
@@ -20,3 +21,19 @@ class TestUnquantizedLinearMethod(QuantizationMethodContract):
     def load_component(cls):
         # The engine builds it directly for unquantized checkpoints; it is not in the registry.
         return UnquantizedLinearMethod
+
+
+class TestHermesToolParser(HermesContract):
+    tool_parser = "hermes"
+
+
+class TestLlama3JsonToolParser(Llama3JsonContract):
+    tool_parser = "llama3_json"
+
+
+class TestMistralToolParser(MistralContract):
+    tool_parser = "mistral"
+
+
+class TestPythonicToolParser(PythonicContract):
+    tool_parser = "pythonic"

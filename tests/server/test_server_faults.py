@@ -142,7 +142,7 @@ MALFORMED = [
     ("/v1/completions", {"prompt": "x", "suffix": "and then"}, 400, "suffix"),
     ("/v1/chat/completions", {**CHAT, "n": 20000}, 400, "n"),
     ("/v1/chat/completions", {**CHAT, "seed": -(2**63) - 1}, 400, "seed"),
-    ("/v1/chat/completions", {**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
+    ("/v1/chat/completions", {**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tool_choice"),
     ("/v1/chat/completions", {**CHAT, "guided_json": {}, "guided_regex": "a"}, 400, "guided_json"),
     ("/v1/completions", {"prompt": "x", "structured_outputs": {"choice": []}}, 400, "structured_outputs"),
     ("/v1/chat/completions", {**CHAT, "tool_choice": "required"}, 400, "tool_choice"),

@@ -31,8 +31,6 @@ def test_completion_fields_that_change_nothing_are_accepted(client: openai.OpenA
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]}, "tools"),
-        ({"tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, "tool_choice"),
         ({"modalities": ["text", "audio"]}, "modalities"),
         ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
         ({"reasoning_effort": "low"}, "reasoning_effort"),

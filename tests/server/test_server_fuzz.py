@@ -253,7 +253,7 @@ COMPLETION = {
 CHAT = {
     **SAMPLING, "max_completion_tokens": st.integers(1, 16), "logprobs": st.booleans(),
     "top_logprobs": st.integers(0, 5), "response_format": st.just({"type": "text"}),
-    "tool_choice": st.sampled_from(["none", "auto"]),
+    "tool_choice": st.just("none"),  # "auto" needs tools (and a server with a tool parser)
 }  # fmt: skip
 
 

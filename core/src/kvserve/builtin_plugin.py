@@ -11,3 +11,18 @@ def register_kv_cache_managers(register):
 @hookimpl
 def register_logits_processors(register):
     register("no_repeat_ngram", "kvserve.sampling.no_repeat_ngram:NoRepeatNGramLogitsProcessor")
+
+
+TOOL_PARSERS = {
+    "hermes": ("kvserve.tool_calling.hermes:HermesToolParser", "HermesContract"),
+    "llama3_json": ("kvserve.tool_calling.llama3_json:Llama3JsonToolParser", "Llama3JsonContract"),
+    "mistral": ("kvserve.tool_calling.mistral:MistralToolParser", "MistralContract"),
+    "pythonic": ("kvserve.tool_calling.pythonic:PythonicToolParser", "PythonicContract"),
+}
+
+
+@hookimpl
+def register_tool_parsers(register):
+    # Each with the contract subclass that holds canned replies in its format.
+    for name, (target, contract) in TOOL_PARSERS.items():
+        register(name, target, contract=f"kvserve.testing.contracts.tool_parser:{contract}")

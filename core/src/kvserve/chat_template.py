@@ -1,28 +1,64 @@
-"""Turning a conversation into prompt tokens with the tokenizer's own chat template."""
+"""Turning a conversation into prompt tokens with the tokenizer's own chat template (or one given instead)."""
 
 from __future__ import annotations
 
+import inspect
+from pathlib import Path
 from typing import Any
 
-import jinja2
+from transformers import PreTrainedTokenizerBase
+
+from kvserve.errors import ConfigError
+
+RESERVED_TEMPLATE_KWARGS = (
+    frozenset(inspect.signature(PreTrainedTokenizerBase.apply_chat_template).parameters) - {"self", "kwargs"}
+) | {"messages"}
+"""Names ``chat_template_kwargs`` may not use: ``apply_chat_template``'s own parameters, and the messages."""
 
 
 class ChatTemplateError(ValueError):
     """The conversation cannot be rendered: no template, or the template rejected it."""
 
 
+def load_chat_template(value: str | None) -> str | None:
+    """``--chat-template``: the template in a file, or the template itself (Jinja text); None: the tokenizer's."""
+    if value is None:
+        return None
+    path = Path(value).expanduser()
+    if path.is_file():
+        return path.read_text()
+    if "{{" in value or "{%" in value:
+        return value
+    raise ConfigError(f"chat_template: {value!r} is neither a file nor a Jinja template")
+
+
 def render_chat(
-    tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    add_generation_prompt: bool = True,
+    *,
+    tools: list[dict[str, Any]] | None = None,
+    chat_template: str | None = None,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> tuple[str, list[int]]:
     """The templated prompt text and its token ids.
 
-    The template already writes any BOS token, so the text is encoded without adding special
-    tokens again (as ``LLM.chat`` and vLLM do).
+    ``chat_template`` replaces the tokenizer's; ``tools`` (OpenAI's tool definitions) and
+    ``template_kwargs`` are the template's variables ``tools`` and the kwargs' names. The template
+    already writes any BOS token, so the text is encoded without adding special tokens again (as
+    ``LLM.chat`` and vLLM do).
     """
-    if not getattr(tokenizer, "chat_template", None):
+    if not (chat_template or getattr(tokenizer, "chat_template", None)):
         raise ChatTemplateError("the model's tokenizer has no chat template; use /v1/completions with a plain prompt")
     try:
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
-    except jinja2.TemplateError as exc:
+        text = tokenizer.apply_chat_template(
+            messages,
+            tools=tools,
+            chat_template=chat_template,
+            add_generation_prompt=add_generation_prompt,
+            tokenize=False,
+            **(template_kwargs or {}),
+        )
+    except Exception as exc:  # jinja2's errors, and a template's own (None + str, a missing key): its input is at fault
         raise ChatTemplateError(f"the chat template rejected the messages: {exc}") from None
     return text, tokenizer.encode(text, add_special_tokens=False)

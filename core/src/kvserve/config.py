@@ -198,6 +198,20 @@ class ServerConfig(_Section):
         description="Run the engine core (scheduler, KV cache, model) in its own process behind ZeroMQ, so "
         "HTTP, tokenization and SSE never take the GIL from the step loop",
     )
+    chat_template: str | None = Field(
+        None, description="A Jinja chat template, or a file holding one, used instead of the tokenizer's"
+    )
+    enable_auto_tool_choice: bool = Field(
+        False,
+        description="Let the model decide whether to call tools (tool_choice 'auto', the default with tools); "
+        "needs tool_call_parser",
+    )
+    tool_call_parser: str | None = Field(
+        None, description="Registered tool_parser that reads the calls of tool_choice 'auto' (e.g. hermes)"
+    )
+    tool_parser_plugin: str | None = Field(
+        None, description="A Python file whose ToolParser subclasses are registered under their names"
+    )
 
     @field_validator("api_key", mode="before")
     @classmethod
@@ -205,6 +219,12 @@ class ServerConfig(_Section):
         # KVSERVE_API_KEY= (set but empty) must not turn auth on with an empty key.
         secret = value.get_secret_value() if isinstance(value, SecretStr) else value
         return None if isinstance(secret, str) and not secret.strip() else value
+
+    @model_validator(mode="after")
+    def _auto_tool_choice_has_a_parser(self) -> ServerConfig:
+        if self.enable_auto_tool_choice and self.tool_call_parser is None:
+            raise ValueError("enable_auto_tool_choice needs tool_call_parser: the parser of the model's tool calls")
+        return self
 
     @model_validator(mode="after")
     def _one_request_fits_the_server(self) -> ServerConfig:

@@ -63,3 +63,9 @@ def register_quantization_methods(register: Register) -> None:
 def register_structured_output_backends(register: Register) -> None:
     """Register :class:`kvserve.interfaces.StructuredOutputBackend` classes under the name
     ``structured_outputs_config.backend`` selects (facts: ``priority``, ``unavailable``)."""
+
+
+@hookspec
+def register_tool_parsers(register: Register) -> None:
+    """Register :class:`kvserve.interfaces.ToolParser` classes under the name ``--tool-call-parser``
+    selects (facts: ``contract``, the contract subclass holding the format's canned replies)."""

@@ -46,6 +46,22 @@ def serve(
             help="Step the engine in its own process behind ZeroMQ (default: off, in a thread of the server).",
         ),
     ] = None,
+    chat_template: Annotated[
+        str | None, typer.Option(help="A Jinja chat template, or a file holding one, instead of the tokenizer's.")
+    ] = None,
+    enable_auto_tool_choice: Annotated[
+        bool | None,
+        typer.Option(
+            "--enable-auto-tool-choice",
+            help="Let the model decide whether to call tools (tool_choice 'auto'); needs --tool-call-parser.",
+        ),
+    ] = None,
+    tool_call_parser: Annotated[
+        str | None, typer.Option(help="The parser of the model's tool calls: hermes, llama3_json, mistral, pythonic.")
+    ] = None,
+    tool_parser_plugin: Annotated[
+        str | None, typer.Option(help="A Python file of ToolParser classes, registered under their names.")
+    ] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn's log level.")] = "info",
 ) -> None:
     """Serve a model over the OpenAI API until SIGINT or SIGTERM.
@@ -60,7 +76,8 @@ def serve(
         served_model_name=served_model_name, max_concurrent_sequences=max_concurrent_sequences,
         max_model_len=max_model_len, max_num_seqs=max_num_seqs, dtype=dtype,
         tensor_parallel_size=tensor_parallel_size, distributed_executor_backend=distributed_executor_backend,
-        engine_process=engine_process,
+        engine_process=engine_process, chat_template=chat_template, enable_auto_tool_choice=enable_auto_tool_choice,
+        tool_call_parser=tool_call_parser, tool_parser_plugin=tool_parser_plugin,
         optimization_level=optimization_level,
     )  # fmt: skip
     run_server(config, log_level=log_level)

@@ -12,6 +12,7 @@ from kvserve.interfaces.quantization import ParamLoading, QuantizationMethod
 from kvserve.interfaces.sampling_kernel import SamplingKernel
 from kvserve.interfaces.scheduler import AdmissionRule, ScheduledRequest, Scheduler, SchedulerOutput
 from kvserve.interfaces.structured_output import StructuredOutputBackend
+from kvserve.interfaces.tool_parser import ExtractedToolCalls, FunctionCall, ToolCallDelta, ToolParser, ToolParserDelta
 
 __all__ = [
     "AdmissionRule",
@@ -20,6 +21,8 @@ __all__ = [
     "AttentionSpec",
     "BatchUpdate",
     "DeviceCapability",
+    "ExtractedToolCalls",
+    "FunctionCall",
     "KVCacheManager",
     "KVCacheStats",
     "LayerAttentionSpec",
@@ -37,4 +40,7 @@ __all__ = [
     "Scheduler",
     "SchedulerOutput",
     "StructuredOutputBackend",
+    "ToolCallDelta",
+    "ToolParser",
+    "ToolParserDelta",
 ]

@@ -5,8 +5,9 @@ Requests carry OpenAI's fields plus vLLM's sampling extensions (``top_k``, ``min
 ``null`` means "the default" everywhere, as the official clients send it. Integers lie within
 int64 and floats are finite (else a 400 naming the field). OpenAI fields that do not change
 what is generated (``user``, ``store``, ``metadata``, ...) are accepted and ignored; those that
-would and that kvserve cannot honour (``suffix``, ``tools``, ...) are a 400 naming the field
-unless they ask for what kvserve does anyway.
+would and that kvserve cannot honour (``suffix``, ``functions``, ...) are a 400 naming the field
+unless they ask for what kvserve does anyway. Tool calling's fields are in
+:mod:`kvserve.server.protocol_tools`.
 
 A structured-output constraint comes in any of vLLM's spellings (see
 :meth:`GenerationRequest.structured_outputs_params`): OpenAI's ``response_format``, vLLM's
@@ -25,6 +26,7 @@ from pydantic_core import PydanticCustomError
 
 from kvserve.sampling_params import SamplingParams
 from kvserve.server.errors import OpenAIError, field_error, invalid_value_error, request_shape_error
+from kvserve.server.protocol_tools import ChatTool, DeltaToolCall, ToolCall, ToolChoice
 from kvserve.structured_outputs import CONSTRAINT_KINDS, ConstraintKind, StructuredOutputsParams
 
 RequestModel = TypeVar("RequestModel", bound=BaseModel)
@@ -330,13 +332,22 @@ class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextContent] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    """An assistant's calls."""
+    tool_call_id: str | None = None
+    """The call a ``tool`` message answers."""
 
-    def template_input(self) -> dict[str, str]:
-        """What the chat template sees: text parts joined, ``developer`` read as ``system``."""
+    def template_input(self) -> dict[str, Any]:
+        """What the chat template sees: text parts joined, ``developer`` read as ``system``, the calls
+        as OpenAI sends them (see :func:`kvserve.tool_calling.template.conversation_for_template`)."""
         content = self.content if isinstance(self.content, str) else "\n".join(p.text for p in self.content or [])
-        message = {"role": "system" if self.role == "developer" else self.role, "content": content}
+        message: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": content}
         if self.name is not None:
             message["name"] = self.name
+        if self.tool_calls:
+            message["tool_calls"] = [call.model_dump() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
         return message
 
 
@@ -347,12 +358,15 @@ class ChatCompletionRequest(GenerationRequest):
     logprobs: bool | None = False
     top_logprobs: Int64 | None = None
     add_generation_prompt: bool = True
-    # Ignored: without tools there are no calls to parallelize; a prediction only speeds up a reply.
+    chat_template_kwargs: dict[str, JsonValue] | None = None
+    """Extra variables for the chat template, e.g. Qwen3's ``{"enable_thinking": false}``."""
+    # Tool calling: see kvserve.server.serving_tools.
+    tools: list[ChatTool] | None = None
+    tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    # Ignored: a prediction only speeds up a reply.
     prediction: JsonValue = None
-    # Accepted only where they ask for what kvserve does anyway (no tools); see check_supported.
-    tools: list[JsonValue] | None = None
-    tool_choice: JsonValue = None
+    # Accepted only where they ask for what kvserve does anyway; see check_supported.
     functions: list[JsonValue] | None = None
     function_call: JsonValue = None
     modalities: list[str] | None = None
@@ -362,12 +376,10 @@ class ChatCompletionRequest(GenerationRequest):
     web_search_options: JsonValue = None
 
     def check_supported(self) -> None:
-        for field in ("tools", "functions"):
-            if getattr(self, field):
-                raise unsupported(field, "tool and function calling are not supported")
-        for field in ("tool_choice", "function_call"):
-            if getattr(self, field) not in (None, "none", "auto"):
-                raise unsupported(field, "only 'none' or 'auto': tool and function calling are not supported")
+        if self.functions:
+            raise unsupported("functions", "the deprecated function calling is not supported: use tools")
+        if self.function_call not in (None, "none", "auto"):
+            raise unsupported("function_call", "only 'none' or 'auto': use tools and tool_choice")
         if self.modalities is not None and set(self.modalities) != {"text"}:
             raise unsupported("modalities", "only ['text'] is supported")
         for field in ("audio", "reasoning_effort", "verbosity", "web_search_options"):
@@ -451,7 +463,8 @@ class ChatLogprobs(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatChoice(BaseModel):
@@ -474,6 +487,7 @@ class ChatCompletionResponse(BaseModel):
 class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatChunkChoice(BaseModel):

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
-from kvserve.chat_template import ChatTemplateError, render_chat
+from kvserve.chat_template import RESERVED_TEMPLATE_KWARGS, ChatTemplateError, render_chat
 from kvserve.outputs import TokenLogprobs
+from kvserve.sampling_params import SamplingParams
 from kvserve.server.errors import OpenAIError
 from kvserve.server.generation import GenerationRun, admit
 from kvserve.server.logprobs import chat_logprobs
@@ -25,16 +27,33 @@ from kvserve.server.protocol import (
     DeltaMessage,
     UsageInfo,
 )
+from kvserve.server.serving_tools import ToolReply, ToolUse
 from kvserve.server.state import ServerState
 from kvserve.server.streaming import sse_event
+from kvserve.tool_calling.template import conversation_for_template
 
 router = APIRouter()
 
 
-def chat_prompt(state: ServerState, messages: list[ChatMessage], add_generation_prompt: bool) -> list[int]:
+def chat_prompt(
+    state: ServerState,
+    messages: list[ChatMessage],
+    add_generation_prompt: bool,
+    tools: list[dict[str, Any]] | None = None,
+    template_kwargs: dict[str, Any] | None = None,
+) -> list[int]:
     """The conversation's prompt token ids; a conversation the template cannot render is a 400."""
+    conversation = [m.template_input() for m in messages]
+    template = None
+    if state.chat_template or state.tokenizer.chat_template:
+        # As transformers picks it: a tokenizer may hold several (e.g. "default" and "tool_use").
+        template = state.tokenizer.get_chat_template(state.chat_template, tools or None)
+        conversation, tools = conversation_for_template(template, conversation, tools)
     try:
-        _, token_ids = render_chat(state.tokenizer, [m.template_input() for m in messages], add_generation_prompt)
+        _, token_ids = render_chat(
+            state.tokenizer, conversation, add_generation_prompt,
+            tools=tools, chat_template=template, template_kwargs=template_kwargs,
+        )  # fmt: skip
     except ChatTemplateError as exc:
         raise OpenAIError(400, str(exc), param="messages", code="invalid_messages") from None
     return token_ids
@@ -44,17 +63,40 @@ def chat_prompt(state: ServerState, messages: list[ChatMessage], add_generation_
 async def create_chat_completion(request: Request) -> Response:
     state, body = await admit(request, ChatCompletionRequest)
     state.limits.check(body, num_prompts=1)
-    params = body.sampling_params()
+    tool_use = ToolUse.of(body, state.auto_tool_parser)
+    params = tool_use.sampling_params(body.sampling_params(), state.tokenizer)
+    template_kwargs = body.chat_template_kwargs or {}
+    reserved = sorted(RESERVED_TEMPLATE_KWARGS & template_kwargs.keys())
+    if reserved:
+        raise OpenAIError(400, f"chat_template_kwargs: {reserved} are not template variables", "chat_template_kwargs")
     # Rendering and tokenizing a long conversation takes a while: then off the event loop, so streams go on.
     text = sum(len(m.template_input()["content"]) for m in body.messages)
-    prompt = await tokenizer_work(text, lambda: chat_prompt(state, body.messages, body.add_generation_prompt))
-    return await _ChatRun(state, body, params, [prompt]).respond(request)
+    prompt = await tokenizer_work(
+        text, lambda: chat_prompt(state, body.messages, body.add_generation_prompt, tool_use.tools, template_kwargs)
+    )
+    return await _ChatRun(state, body, params, [prompt], tool_use).respond(request)
 
 
 class _ChatRun(GenerationRun):
     """A chat request: one templated prompt, ``n`` assistant replies."""
 
     id_prefix = "chatcmpl"
+
+    def __init__(
+        self, state: ServerState, body: ChatCompletionRequest, params: SamplingParams, prompts: list[list[int]],
+        tool_use: ToolUse,
+    ) -> None:  # fmt: skip
+        super().__init__(state, body, params, prompts)
+        self.tool_use = tool_use
+        self.replies = [
+            None if (parser := tool_use.new_parser(state.tokenizer)) is None else ToolReply(tool_use, parser)
+            for _ in self.choices.choices
+        ]
+        """Per choice, what reads its tool calls (None: a text reply)."""
+
+    def _finish_reason(self, index: int, reason: str | None) -> str | None:
+        reply = self.replies[index]
+        return self.tool_use.finish_reason(reason, reply is not None and reply.called)
 
     def _logprobs(self, token_ids: list[int], logprobs: list[TokenLogprobs] | None) -> ChatLogprobs | None:
         if self.params.logprobs is None:
@@ -64,14 +106,17 @@ class _ChatRun(GenerationRun):
     async def response(self) -> ChatCompletionResponse:
         async for _, output in self.outputs():
             self.choices.add(0, output)
-        choices = [
-            ChatChoice(
-                index=c.index, message=AssistantMessage(content=c.text),
-                logprobs=self._logprobs(c.token_ids, c.logprobs), finish_reason=c.finish_reason,
-                stop_reason=c.stop_reason,
-            )
-            for c in self.choices.choices
-        ]  # fmt: skip
+        choices = []
+        for c in self.choices.choices:
+            reply = self.replies[c.index]
+            content, calls = (c.text, None) if reply is None else reply.whole(c.text)
+            choices.append(
+                ChatChoice(
+                    index=c.index, message=AssistantMessage(content=content, tool_calls=calls),
+                    logprobs=self._logprobs(c.token_ids, c.logprobs),
+                    finish_reason=self._finish_reason(c.index, c.finish_reason), stop_reason=c.stop_reason,
+                )
+            )  # fmt: skip
         return ChatCompletionResponse(
             id=self.id, created=self.created, model=self.state.model_name, choices=choices, usage=self.choices.usage()
         )
@@ -84,9 +129,16 @@ class _ChatRun(GenerationRun):
             )
         async for _, output in self.outputs():
             for choice, delta in self.choices.add(0, output):
+                reply = self.replies[choice.index]
+                content, calls = (
+                    (delta.text, None) if reply is None else reply.delta(delta.text, choice.finish_reason is not None)
+                )
+                logprobs = self._logprobs(delta.token_ids, delta.logprobs)
+                if reply is not None and not (content or calls or logprobs or choice.finish_reason):
+                    continue  # text the parser holds back: nothing to send yet
                 piece = ChatChunkChoice(
-                    index=choice.index, delta=DeltaMessage(content=delta.text),
-                    logprobs=self._logprobs(delta.token_ids, delta.logprobs), finish_reason=choice.finish_reason,
+                    index=choice.index, delta=DeltaMessage(content=content, tool_calls=calls), logprobs=logprobs,
+                    finish_reason=self._finish_reason(choice.index, choice.finish_reason),
                     stop_reason=choice.stop_reason,
                 )  # fmt: skip
                 yield sse_event(self._chunk([piece]))

@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import Request, Response
 from pydantic import BaseModel
 
+from kvserve.chat_template import load_chat_template
 from kvserve.config import ServerConfig
 from kvserve.engine.validation import CheckedRequest
 from kvserve.errors import CapacityError
@@ -20,6 +21,7 @@ from kvserve.sampling_params import SamplingParams
 from kvserve.server.errors import OpenAIError, engine_dead, engine_error
 from kvserve.server.limits import RequestLimits
 from kvserve.server.metrics import ServerMetrics
+from kvserve.server.serving_tools import auto_tool_parser
 from kvserve.server.streaming import EventStreamResponse, cancel_on_disconnect, guarded_events, merge_streams
 
 
@@ -34,6 +36,10 @@ class ServerState:
         self.metrics = ServerMetrics(llm.stats)
         self.limits = RequestLimits(config, llm.info.vocab_size)
         self.created = int(time.time())
+        self.chat_template = load_chat_template(config.chat_template)
+        """The chat template used instead of the tokenizer's (None: the tokenizer's)."""
+        self.auto_tool_parser = auto_tool_parser(config)
+        """The parser of ``tool_choice="auto"`` (None: auto is refused)."""
         self.accepting = True
         """False once shutdown begins."""
         self.in_flight = 0

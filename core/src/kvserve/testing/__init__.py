@@ -10,9 +10,10 @@ component by its registry name; pytest then runs every check of the contract aga
 
 One contract per interface: :class:`PlatformContract`, :class:`AttentionBackendContract`,
 :class:`KVCacheManagerContract`, :class:`SchedulerContract`, :class:`ModelContract`,
-:class:`QuantizationMethodContract`, :class:`LogitsProcessorContract` and
-:class:`StructuredOutputBackendContract`. ``kvserve plugins check``
-runs the same suites against installed plugins. The package is also a pytest plugin (entry point ``pytest11: kvserve``).
+:class:`QuantizationMethodContract`, :class:`LogitsProcessorContract`,
+:class:`StructuredOutputBackendContract` and :class:`ToolParserContract`. ``kvserve plugins check``
+runs the same suites against installed plugins. The package is also a pytest plugin (entry point
+``pytest11: kvserve``).
 
 Importing ``kvserve.testing`` is cheap: the contracts (and torch) load on first attribute use.
 """
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from kvserve.testing.contracts.quantization import QuantizationMethodContract
     from kvserve.testing.contracts.scheduler import SchedulerContract
     from kvserve.testing.contracts.structured_output import StructuredOutputBackendContract
+    from kvserve.testing.contracts.tool_parser import ToolParserCase, ToolParserContract
 
 _LAZY = {
     "AttentionBackendContract": "kvserve.testing.contracts.attention",
@@ -42,6 +44,8 @@ _LAZY = {
     "QuantizationMethodContract": "kvserve.testing.contracts.quantization",
     "SchedulerContract": "kvserve.testing.contracts.scheduler",
     "StructuredOutputBackendContract": "kvserve.testing.contracts.structured_output",
+    "ToolParserCase": "kvserve.testing.contracts.tool_parser",
+    "ToolParserContract": "kvserve.testing.contracts.tool_parser",
     "contract_for": "kvserve.testing.check",
 }
 
@@ -54,6 +58,8 @@ __all__ = [
     "QuantizationMethodContract",
     "SchedulerContract",
     "StructuredOutputBackendContract",
+    "ToolParserCase",
+    "ToolParserContract",
     "contract_for",
 ]
 

@@ -47,6 +47,7 @@ CONTRACTS: dict[str, ContractInfo] = {
             "StructuredOutputBackendContract",
             "backend",
         ),
+        ContractInfo("tool_parser", "kvserve.testing.contracts.tool_parser", "ToolParserContract", "tool_parser"),
     )
 }
 """Plugin kind -> its contract (every kind of ``kvserve.plugins.KINDS`` has one)."""
