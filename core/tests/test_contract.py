@@ -1,8 +1,8 @@
-"""Core's built-in components pass their contracts: the paged KV cache manager and the
-unquantized linear method."""
+"""Core's built-in components pass their contracts: the paged KV cache manager, the
+unquantized linear method and the reasoning parsers."""
 
 from kvserve.layers.linear import UnquantizedLinearMethod
-from kvserve.testing import KVCacheManagerContract, QuantizationMethodContract
+from kvserve.testing import KVCacheManagerContract, QuantizationMethodContract, ReasoningParserContract
 
 
 class TestPagedKVCacheManager(KVCacheManagerContract):
@@ -20,3 +20,11 @@ class TestUnquantizedLinearMethod(QuantizationMethodContract):
     def load_component(cls):
         # The engine builds it directly for unquantized checkpoints; it is not in the registry.
         return UnquantizedLinearMethod
+
+
+class TestDeepSeekR1ReasoningParser(ReasoningParserContract):
+    reasoning_parser = "deepseek_r1"
+
+
+class TestQwen3ReasoningParser(ReasoningParserContract):
+    reasoning_parser = "qwen3"

@@ -11,3 +11,9 @@ def register_kv_cache_managers(register):
 @hookimpl
 def register_logits_processors(register):
     register("no_repeat_ngram", "kvserve.sampling.no_repeat_ngram:NoRepeatNGramLogitsProcessor")
+
+
+@hookimpl
+def register_reasoning_parsers(register):
+    register("deepseek_r1", "kvserve.reasoning.think_tags:DeepSeekR1ReasoningParser")
+    register("qwen3", "kvserve.reasoning.think_tags:Qwen3ReasoningParser")

@@ -63,3 +63,8 @@ def register_quantization_methods(register: Register) -> None:
 def register_structured_output_backends(register: Register) -> None:
     """Register :class:`kvserve.interfaces.StructuredOutputBackend` classes under the name
     ``structured_outputs_config.backend`` selects (facts: ``priority``, ``unavailable``)."""
+
+
+@hookspec
+def register_reasoning_parsers(register: Register) -> None:
+    """Register :class:`kvserve.interfaces.ReasoningParser` classes under the name ``--reasoning-parser`` selects."""

@@ -24,6 +24,7 @@ KINDS = (
     "quantization_method",
     "logits_processor",
     "structured_output_backend",
+    "reasoning_parser",
 )
 
 

@@ -23,6 +23,7 @@ INSTALL_HINTS = {
     "quantization_method": "kvserve-quant-awq",
     "logits_processor": "kvserve-core",
     "structured_output_backend": "kvserve-structured-outputs-xgrammar",
+    "reasoning_parser": "kvserve-core",
 }
 
 

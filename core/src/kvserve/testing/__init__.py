@@ -10,8 +10,9 @@ component by its registry name; pytest then runs every check of the contract aga
 
 One contract per interface: :class:`PlatformContract`, :class:`AttentionBackendContract`,
 :class:`KVCacheManagerContract`, :class:`SchedulerContract`, :class:`ModelContract`,
-:class:`QuantizationMethodContract` and :class:`LogitsProcessorContract`. ``kvserve plugins check``
-runs the same suites against installed plugins. The package is also a pytest plugin (entry point ``pytest11: kvserve``).
+:class:`QuantizationMethodContract`, :class:`LogitsProcessorContract` and :class:`ReasoningParserContract`.
+``kvserve plugins check`` runs the same suites against installed plugins. The package is also a pytest
+plugin (entry point ``pytest11: kvserve``).
 
 Importing ``kvserve.testing`` is cheap: the contracts (and torch) load on first attribute use.
 """
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from kvserve.testing.contracts.model import ModelContract
     from kvserve.testing.contracts.platform import PlatformContract
     from kvserve.testing.contracts.quantization import QuantizationMethodContract
+    from kvserve.testing.contracts.reasoning_parser import ReasoningParserContract
     from kvserve.testing.contracts.scheduler import SchedulerContract
 
 _LAZY = {
@@ -38,6 +40,7 @@ _LAZY = {
     "ModelContract": "kvserve.testing.contracts.model",
     "PlatformContract": "kvserve.testing.contracts.platform",
     "QuantizationMethodContract": "kvserve.testing.contracts.quantization",
+    "ReasoningParserContract": "kvserve.testing.contracts.reasoning_parser",
     "SchedulerContract": "kvserve.testing.contracts.scheduler",
     "contract_for": "kvserve.testing.check",
 }
@@ -49,6 +52,7 @@ __all__ = [
     "ModelContract",
     "PlatformContract",
     "QuantizationMethodContract",
+    "ReasoningParserContract",
     "SchedulerContract",
     "contract_for",
 ]

@@ -41,6 +41,12 @@ CONTRACTS: dict[str, ContractInfo] = {
             "LogitsProcessorContract",
             "logits_processor",
         ),
+        ContractInfo(
+            "reasoning_parser",
+            "kvserve.testing.contracts.reasoning_parser",
+            "ReasoningParserContract",
+            "reasoning_parser",
+        ),
     )
 }
 """Plugin kind -> its contract (every kind of ``kvserve.plugins.KINDS`` has one)."""
