@@ -1,7 +1,9 @@
 """Reasoning outputs: the ``reasoning_parser`` plugin kind's built-ins and what the server and engine use.
 
 - :func:`reasoning_parser_class`: the class ``--reasoning-parser NAME`` selects (None when unset);
-- :func:`load_reasoning_parser`: one parser for a tokenizer and a request's template variables.
+- :func:`load_reasoning_parser`: one parser for a tokenizer (the engine builds one for
+  :func:`constrain_after_reasoning`, the server one per chat choice);
+- :func:`constrain_after_reasoning`: a request's grammar matcher, held off until its reasoning ends.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from typing import Any
 
 from kvserve.interfaces.reasoning_parser import ReasoningParser
 from kvserve.plugins import load_component
+from kvserve.reasoning.constraint import ReasoningGatedConstraint, constrain_after_reasoning
 from kvserve.reasoning.think_tags import DeepSeekR1ReasoningParser, Qwen3ReasoningParser, ThinkTagReasoningParser
 
 KIND = "reasoning_parser"
@@ -32,7 +35,9 @@ def load_reasoning_parser(
 __all__ = [
     "DeepSeekR1ReasoningParser",
     "Qwen3ReasoningParser",
+    "ReasoningGatedConstraint",
     "ThinkTagReasoningParser",
+    "constrain_after_reasoning",
     "load_reasoning_parser",
     "reasoning_parser_class",
 ]
