@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Mapping
 from typing import Any
 
 import jinja2
@@ -10,19 +12,41 @@ import jinja2
 class ChatTemplateError(ValueError):
     """The conversation cannot be rendered: no template, or the template rejected it."""
 
+    def __init__(self, message: str, param: str = "messages") -> None:
+        super().__init__(message)
+        self.param = param
+        """The request field at fault."""
+
 
 def render_chat(
-    tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    add_generation_prompt: bool = True,
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> tuple[str, list[int]]:
     """The templated prompt text and its token ids.
 
-    The template already writes any BOS token, so the text is encoded without adding special
-    tokens again (as ``LLM.chat`` and vLLM do).
+    ``template_kwargs`` are more variables for the template (a request's ``chat_template_kwargs``,
+    e.g. Qwen3's ``enable_thinking``); a name that is an argument of ``apply_chat_template`` itself
+    is refused. The template already writes any BOS token, so the text is encoded without adding
+    special tokens again (as ``LLM.chat`` and vLLM do).
     """
     if not getattr(tokenizer, "chat_template", None):
         raise ChatTemplateError("the model's tokenizer has no chat template; use /v1/completions with a plain prompt")
+    variables = dict(template_kwargs or {})
+    arguments = inspect.signature(tokenizer.apply_chat_template).parameters
+    reserved = sorted(name for name in variables if name in {"messages", "conversation"} or name in arguments)
+    if reserved:
+        why = f"{reserved[0]!r} is an argument of apply_chat_template, not a template variable"
+        raise ChatTemplateError(f"chat_template_kwargs: {why}", param="chat_template_kwargs")
     try:
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
-    except jinja2.TemplateError as exc:
+        text = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=add_generation_prompt, tokenize=False, **variables
+        )
+    except (jinja2.TemplateError, TypeError) as exc:  # TypeError: a value the template cannot use
+        if variables:
+            raise ChatTemplateError(
+                f"the chat template rejected the messages or chat_template_kwargs: {exc}", param="chat_template_kwargs"
+            ) from None
         raise ChatTemplateError(f"the chat template rejected the messages: {exc}") from None
     return text, tokenizer.encode(text, add_special_tokens=False)
