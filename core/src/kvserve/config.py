@@ -198,6 +198,11 @@ class ServerConfig(_Section):
         description="Run the engine core (scheduler, KV cache, model) in its own process behind ZeroMQ, so "
         "HTTP, tokenization and SSE never take the GIL from the step loop",
     )
+    reasoning_parser: str | None = Field(
+        None,
+        description="Registered reasoning_parser name (deepseek_r1, qwen3): chat answers carry the model's "
+        "reasoning as reasoning_content apart from content; None: off",
+    )
 
     @field_validator("api_key", mode="before")
     @classmethod

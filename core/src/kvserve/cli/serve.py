@@ -46,6 +46,10 @@ def serve(
             help="Step the engine in its own process behind ZeroMQ (default: off, in a thread of the server).",
         ),
     ] = None,
+    reasoning_parser: Annotated[
+        str | None,
+        typer.Option(help="Split chat answers' reasoning into reasoning_content: deepseek_r1, qwen3 or a plugin's."),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn's log level.")] = "info",
 ) -> None:
     """Serve a model over the OpenAI API until SIGINT or SIGTERM.
@@ -60,7 +64,7 @@ def serve(
         served_model_name=served_model_name, max_concurrent_sequences=max_concurrent_sequences,
         max_model_len=max_model_len, max_num_seqs=max_num_seqs, dtype=dtype,
         tensor_parallel_size=tensor_parallel_size, distributed_executor_backend=distributed_executor_backend,
-        engine_process=engine_process,
+        engine_process=engine_process, reasoning_parser=reasoning_parser,
         optimization_level=optimization_level,
     )  # fmt: skip
     run_server(config, log_level=log_level)

@@ -15,7 +15,16 @@ import time
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 from fastapi import Request
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue, ValidationError, WrapValidator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    JsonValue,
+    SerializeAsAny,
+    ValidationError,
+    WrapValidator,
+)
 from pydantic_core import PydanticCustomError
 
 from kvserve.sampling_params import SamplingParams
@@ -201,6 +210,8 @@ class ChatCompletionRequest(GenerationRequest):
     logprobs: bool | None = False
     top_logprobs: Int64 | None = None
     add_generation_prompt: bool = True
+    chat_template_kwargs: dict[str, JsonValue] | None = None
+    """More variables for the chat template (vLLM's), e.g. Qwen3's ``{"enable_thinking": false}``."""
     # Ignored: without tools there are no calls to parallelize; a prediction only speeds up a reply.
     parallel_tool_calls: bool | None = None
     prediction: JsonValue = None
@@ -314,7 +325,8 @@ class AssistantMessage(BaseModel):
 
 class ChatChoice(BaseModel):
     index: int
-    message: AssistantMessage
+    message: SerializeAsAny[AssistantMessage]
+    """A subclass's fields too (``reasoning_content`` with a reasoning parser)."""
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
@@ -336,7 +348,7 @@ class DeltaMessage(BaseModel):
 
 class ChatChunkChoice(BaseModel):
     index: int
-    delta: DeltaMessage
+    delta: SerializeAsAny[DeltaMessage]
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
