@@ -1,8 +1,8 @@
 """Core's built-in components pass their contracts: the paged KV cache manager, the
-unquantized linear method and the tool parsers."""
+unquantized linear method, the tool parsers and the reasoning parsers."""
 
 from kvserve.layers.linear import UnquantizedLinearMethod
-from kvserve.testing import KVCacheManagerContract, QuantizationMethodContract
+from kvserve.testing import KVCacheManagerContract, QuantizationMethodContract, ReasoningParserContract
 from kvserve.testing.contracts.tool_parser import HermesContract, Llama3JsonContract, MistralContract, PythonicContract
 
 
@@ -37,3 +37,11 @@ class TestMistralToolParser(MistralContract):
 
 class TestPythonicToolParser(PythonicContract):
     tool_parser = "pythonic"
+
+
+class TestDeepSeekR1ReasoningParser(ReasoningParserContract):
+    reasoning_parser = "deepseek_r1"
+
+
+class TestQwen3ReasoningParser(ReasoningParserContract):
+    reasoning_parser = "qwen3"

@@ -26,3 +26,9 @@ def register_tool_parsers(register):
     # Each with the contract subclass that holds canned replies in its format.
     for name, (target, contract) in TOOL_PARSERS.items():
         register(name, target, contract=f"kvserve.testing.contracts.tool_parser:{contract}")
+
+
+@hookimpl
+def register_reasoning_parsers(register):
+    register("deepseek_r1", "kvserve.reasoning.think_tags:DeepSeekR1ReasoningParser")
+    register("qwen3", "kvserve.reasoning.think_tags:Qwen3ReasoningParser")

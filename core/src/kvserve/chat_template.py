@@ -3,21 +3,20 @@
 from __future__ import annotations
 
 import inspect
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from transformers import PreTrainedTokenizerBase
-
 from kvserve.errors import ConfigError
-
-RESERVED_TEMPLATE_KWARGS = (
-    frozenset(inspect.signature(PreTrainedTokenizerBase.apply_chat_template).parameters) - {"self", "kwargs"}
-) | {"messages"}
-"""Names ``chat_template_kwargs`` may not use: ``apply_chat_template``'s own parameters, and the messages."""
 
 
 class ChatTemplateError(ValueError):
     """The conversation cannot be rendered: no template, or the template rejected it."""
+
+    def __init__(self, message: str, param: str = "messages") -> None:
+        super().__init__(message)
+        self.param = param
+        """The request field at fault."""
 
 
 def load_chat_template(value: str | None) -> str | None:
@@ -39,17 +38,24 @@ def render_chat(
     *,
     tools: list[dict[str, Any]] | None = None,
     chat_template: str | None = None,
-    template_kwargs: dict[str, Any] | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> tuple[str, list[int]]:
     """The templated prompt text and its token ids.
 
-    ``chat_template`` replaces the tokenizer's; ``tools`` (OpenAI's tool definitions) and
-    ``template_kwargs`` are the template's variables ``tools`` and the kwargs' names. The template
-    already writes any BOS token, so the text is encoded without adding special tokens again (as
-    ``LLM.chat`` and vLLM do).
+    ``chat_template`` replaces the tokenizer's; ``tools`` (OpenAI's tool definitions) is the template's
+    ``tools`` variable; ``template_kwargs`` are more variables (a request's ``chat_template_kwargs``,
+    e.g. Qwen3's ``enable_thinking``): a name that is an argument of ``apply_chat_template`` itself is
+    refused. The template already writes any BOS token, so the text is encoded without adding
+    special tokens again (as ``LLM.chat`` and vLLM do).
     """
     if not (chat_template or getattr(tokenizer, "chat_template", None)):
         raise ChatTemplateError("the model's tokenizer has no chat template; use /v1/completions with a plain prompt")
+    variables = dict(template_kwargs or {})
+    arguments = inspect.signature(tokenizer.apply_chat_template).parameters
+    reserved = sorted(name for name in variables if name in {"messages", "conversation"} or name in arguments)
+    if reserved:
+        why = f"{reserved[0]!r} is an argument of apply_chat_template, not a template variable"
+        raise ChatTemplateError(f"chat_template_kwargs: {why}", param="chat_template_kwargs")
     try:
         text = tokenizer.apply_chat_template(
             messages,
@@ -57,8 +63,12 @@ def render_chat(
             chat_template=chat_template,
             add_generation_prompt=add_generation_prompt,
             tokenize=False,
-            **(template_kwargs or {}),
+            **variables,
         )
     except Exception as exc:  # jinja2's errors, and a template's own (None + str, a missing key): its input is at fault
+        if variables:
+            raise ChatTemplateError(
+                f"the chat template rejected the messages or chat_template_kwargs: {exc}", param="chat_template_kwargs"
+            ) from None
         raise ChatTemplateError(f"the chat template rejected the messages: {exc}") from None
     return text, tokenizer.encode(text, add_special_tokens=False)

@@ -212,6 +212,11 @@ class ServerConfig(_Section):
     tool_parser_plugin: str | None = Field(
         None, description="A Python file whose ToolParser subclasses are registered under their names"
     )
+    reasoning_parser: str | None = Field(
+        None,
+        description="Registered reasoning_parser name (deepseek_r1, qwen3): chat answers carry the model's "
+        "reasoning as reasoning_content apart from content; None: off",
+    )
 
     @field_validator("api_key", mode="before")
     @classmethod

@@ -69,3 +69,8 @@ def register_structured_output_backends(register: Register) -> None:
 def register_tool_parsers(register: Register) -> None:
     """Register :class:`kvserve.interfaces.ToolParser` classes under the name ``--tool-call-parser``
     selects (facts: ``contract``, the contract subclass holding the format's canned replies)."""
+
+
+@hookspec
+def register_reasoning_parsers(register: Register) -> None:
+    """Register :class:`kvserve.interfaces.ReasoningParser` classes under the name ``--reasoning-parser`` selects."""

@@ -25,6 +25,7 @@ KINDS = (
     "logits_processor",
     "structured_output_backend",
     "tool_parser",
+    "reasoning_parser",
 )
 
 

@@ -24,6 +24,7 @@ INSTALL_HINTS = {
     "logits_processor": "kvserve-core",
     "structured_output_backend": "kvserve-structured-outputs-xgrammar",
     "tool_parser": "kvserve-core",
+    "reasoning_parser": "kvserve-core",
 }
 
 

@@ -62,6 +62,10 @@ def serve(
     tool_parser_plugin: Annotated[
         str | None, typer.Option(help="A Python file of ToolParser classes, registered under their names.")
     ] = None,
+    reasoning_parser: Annotated[
+        str | None,
+        typer.Option(help="Split chat answers' reasoning into reasoning_content: deepseek_r1, qwen3 or a plugin's."),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn's log level.")] = "info",
 ) -> None:
     """Serve a model over the OpenAI API until SIGINT or SIGTERM.
@@ -77,7 +81,7 @@ def serve(
         max_model_len=max_model_len, max_num_seqs=max_num_seqs, dtype=dtype,
         tensor_parallel_size=tensor_parallel_size, distributed_executor_backend=distributed_executor_backend,
         engine_process=engine_process, chat_template=chat_template, enable_auto_tool_choice=enable_auto_tool_choice,
-        tool_call_parser=tool_call_parser, tool_parser_plugin=tool_parser_plugin,
+        tool_call_parser=tool_call_parser, tool_parser_plugin=tool_parser_plugin, reasoning_parser=reasoning_parser,
         optimization_level=optimization_level,
     )  # fmt: skip
     run_server(config, log_level=log_level)

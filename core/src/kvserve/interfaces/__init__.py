@@ -9,6 +9,7 @@ from kvserve.interfaces.logits_processor import BatchUpdate, LogitsProcessor, Mo
 from kvserve.interfaces.model import Model
 from kvserve.interfaces.platform import DeviceCapability, Platform
 from kvserve.interfaces.quantization import ParamLoading, QuantizationMethod
+from kvserve.interfaces.reasoning_parser import ReasoningParser
 from kvserve.interfaces.sampling_kernel import SamplingKernel
 from kvserve.interfaces.scheduler import AdmissionRule, ScheduledRequest, Scheduler, SchedulerOutput
 from kvserve.interfaces.structured_output import StructuredOutputBackend
@@ -35,6 +36,7 @@ __all__ = [
     "ParamLoading",
     "Platform",
     "QuantizationMethod",
+    "ReasoningParser",
     "SamplingKernel",
     "ScheduledRequest",
     "Scheduler",

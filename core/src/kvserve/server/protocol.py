@@ -21,7 +21,16 @@ import time
 from typing import Annotated, Any, ClassVar, Literal, TypeVar, cast
 
 from fastapi import Request
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue, ValidationError, WrapValidator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    JsonValue,
+    SerializeAsAny,
+    ValidationError,
+    WrapValidator,
+)
 from pydantic_core import PydanticCustomError
 
 from kvserve.sampling_params import SamplingParams
@@ -469,7 +478,8 @@ class AssistantMessage(BaseModel):
 
 class ChatChoice(BaseModel):
     index: int
-    message: AssistantMessage
+    message: SerializeAsAny[AssistantMessage]
+    """A subclass's fields too (``reasoning_content`` with a reasoning parser)."""
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
@@ -492,7 +502,7 @@ class DeltaMessage(BaseModel):
 
 class ChatChunkChoice(BaseModel):
     index: int
-    delta: DeltaMessage
+    delta: SerializeAsAny[DeltaMessage]
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None

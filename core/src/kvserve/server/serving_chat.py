@@ -7,7 +7,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
-from kvserve.chat_template import RESERVED_TEMPLATE_KWARGS, ChatTemplateError, render_chat
+from kvserve.chat_template import ChatTemplateError, render_chat
 from kvserve.outputs import TokenLogprobs
 from kvserve.sampling_params import SamplingParams
 from kvserve.server.errors import OpenAIError
@@ -16,7 +16,6 @@ from kvserve.server.logprobs import chat_logprobs
 from kvserve.server.offload import tokenizer_work
 from kvserve.server.openapi import json_body
 from kvserve.server.protocol import (
-    AssistantMessage,
     ChatChoice,
     ChatChunkChoice,
     ChatCompletionChunk,
@@ -27,6 +26,7 @@ from kvserve.server.protocol import (
     DeltaMessage,
     UsageInfo,
 )
+from kvserve.server.reasoning import ChatReasoning
 from kvserve.server.serving_tools import ToolReply, ToolUse
 from kvserve.server.state import ServerState
 from kvserve.server.streaming import sse_event
@@ -55,7 +55,7 @@ def chat_prompt(
             tools=tools, chat_template=template, template_kwargs=template_kwargs,
         )  # fmt: skip
     except ChatTemplateError as exc:
-        raise OpenAIError(400, str(exc), param="messages", code="invalid_messages") from None
+        raise OpenAIError(400, str(exc), param=exc.param, code="invalid_messages") from None
     return token_ids
 
 
@@ -66,9 +66,6 @@ async def create_chat_completion(request: Request) -> Response:
     tool_use = ToolUse.of(body, state.auto_tool_parser)
     params = tool_use.sampling_params(body.sampling_params(), state.tokenizer)
     template_kwargs = body.chat_template_kwargs or {}
-    reserved = sorted(RESERVED_TEMPLATE_KWARGS & template_kwargs.keys())
-    if reserved:
-        raise OpenAIError(400, f"chat_template_kwargs: {reserved} are not template variables", "chat_template_kwargs")
     # Rendering and tokenizing a long conversation takes a while: then off the event loop, so streams go on.
     text = sum(len(m.template_input()["content"]) for m in body.messages)
     prompt = await tokenizer_work(
@@ -88,6 +85,7 @@ class _ChatRun(GenerationRun):
     ) -> None:  # fmt: skip
         super().__init__(state, body, params, prompts)
         self.tool_use = tool_use
+        self.reasoning = ChatReasoning(state.reasoning_parser, state.tokenizer, body.chat_template_kwargs)
         self.replies = [
             None if (parser := tool_use.new_parser(state.tokenizer)) is None else ToolReply(tool_use, parser)
             for _ in self.choices.choices
@@ -109,10 +107,11 @@ class _ChatRun(GenerationRun):
         choices = []
         for c in self.choices.choices:
             reply = self.replies[c.index]
-            content, calls = (c.text, None) if reply is None else reply.whole(c.text)
+            reasoning, text = self.reasoning.split(c.index, c.text)
+            content, calls = (text, None) if reply is None else reply.whole(text or "")
             choices.append(
                 ChatChoice(
-                    index=c.index, message=AssistantMessage(content=content, tool_calls=calls),
+                    index=c.index, message=self.reasoning.message(reasoning, content, calls),
                     logprobs=self._logprobs(c.token_ids, c.logprobs),
                     finish_reason=self._finish_reason(c.index, c.finish_reason), stop_reason=c.stop_reason,
                 )
@@ -129,15 +128,15 @@ class _ChatRun(GenerationRun):
             )
         async for _, output in self.outputs():
             for choice, delta in self.choices.add(0, output):
-                reply = self.replies[choice.index]
-                content, calls = (
-                    (delta.text, None) if reply is None else reply.delta(delta.text, choice.finish_reason is not None)
-                )
+                reply, finished = self.replies[choice.index], choice.finish_reason is not None
+                reasoning, text = self.reasoning.split_delta(choice.index, delta.text, finished)
+                content, calls = (text, None) if reply is None else reply.delta(text or "", finished)
                 logprobs = self._logprobs(delta.token_ids, delta.logprobs)
-                if reply is not None and not (content or calls or logprobs or choice.finish_reason):
-                    continue  # text the parser holds back: nothing to send yet
+                parsed = reply is not None or self.reasoning.parser_class is not None
+                if parsed and not (reasoning or content or calls or logprobs or finished):
+                    continue  # text a parser holds back: nothing to send yet
                 piece = ChatChunkChoice(
-                    index=choice.index, delta=DeltaMessage(content=content, tool_calls=calls), logprobs=logprobs,
+                    index=choice.index, delta=self.reasoning.delta(reasoning, content, calls), logprobs=logprobs,
                     finish_reason=self._finish_reason(choice.index, choice.finish_reason),
                     stop_reason=choice.stop_reason,
                 )  # fmt: skip

@@ -17,6 +17,7 @@ from kvserve.errors import CapacityError
 from kvserve.frontend.async_llm import AsyncLLM
 from kvserve.loader.default_model import EMBEDDED_MODEL_NAME
 from kvserve.outputs import RequestOutput
+from kvserve.reasoning import reasoning_parser_class
 from kvserve.sampling_params import SamplingParams
 from kvserve.server.errors import OpenAIError, engine_dead, engine_error
 from kvserve.server.limits import RequestLimits
@@ -35,6 +36,8 @@ class ServerState:
         self.model_name = config.served_model_name or model_name or EMBEDDED_MODEL_NAME
         self.metrics = ServerMetrics(llm.stats)
         self.limits = RequestLimits(config, llm.info.vocab_size)
+        self.reasoning_parser = reasoning_parser_class(config.reasoning_parser)
+        """The ``--reasoning-parser`` class (loaded now: an unknown name stops the start), or None."""
         self.created = int(time.time())
         self.chat_template = load_chat_template(config.chat_template)
         """The chat template used instead of the tokenizer's (None: the tokenizer's)."""

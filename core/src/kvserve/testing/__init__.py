@@ -11,9 +11,9 @@ component by its registry name; pytest then runs every check of the contract aga
 One contract per interface: :class:`PlatformContract`, :class:`AttentionBackendContract`,
 :class:`KVCacheManagerContract`, :class:`SchedulerContract`, :class:`ModelContract`,
 :class:`QuantizationMethodContract`, :class:`LogitsProcessorContract`,
-:class:`StructuredOutputBackendContract` and :class:`ToolParserContract`. ``kvserve plugins check``
-runs the same suites against installed plugins. The package is also a pytest plugin (entry point
-``pytest11: kvserve``).
+:class:`StructuredOutputBackendContract`, :class:`ToolParserContract` and :class:`ReasoningParserContract`.
+``kvserve plugins check`` runs the same suites against installed plugins. The package is also a pytest
+plugin (entry point ``pytest11: kvserve``).
 
 Importing ``kvserve.testing`` is cheap: the contracts (and torch) load on first attribute use.
 """
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from kvserve.testing.contracts.model import ModelContract
     from kvserve.testing.contracts.platform import PlatformContract
     from kvserve.testing.contracts.quantization import QuantizationMethodContract
+    from kvserve.testing.contracts.reasoning_parser import ReasoningParserContract
     from kvserve.testing.contracts.scheduler import SchedulerContract
     from kvserve.testing.contracts.structured_output import StructuredOutputBackendContract
     from kvserve.testing.contracts.tool_parser import ToolParserCase, ToolParserContract
@@ -42,6 +43,7 @@ _LAZY = {
     "ModelContract": "kvserve.testing.contracts.model",
     "PlatformContract": "kvserve.testing.contracts.platform",
     "QuantizationMethodContract": "kvserve.testing.contracts.quantization",
+    "ReasoningParserContract": "kvserve.testing.contracts.reasoning_parser",
     "SchedulerContract": "kvserve.testing.contracts.scheduler",
     "StructuredOutputBackendContract": "kvserve.testing.contracts.structured_output",
     "ToolParserCase": "kvserve.testing.contracts.tool_parser",
@@ -56,6 +58,7 @@ __all__ = [
     "ModelContract",
     "PlatformContract",
     "QuantizationMethodContract",
+    "ReasoningParserContract",
     "SchedulerContract",
     "StructuredOutputBackendContract",
     "ToolParserCase",

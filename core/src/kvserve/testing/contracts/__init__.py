@@ -48,6 +48,12 @@ CONTRACTS: dict[str, ContractInfo] = {
             "backend",
         ),
         ContractInfo("tool_parser", "kvserve.testing.contracts.tool_parser", "ToolParserContract", "tool_parser"),
+        ContractInfo(
+            "reasoning_parser",
+            "kvserve.testing.contracts.reasoning_parser",
+            "ReasoningParserContract",
+            "reasoning_parser",
+        ),
     )
 }
 """Plugin kind -> its contract (every kind of ``kvserve.plugins.KINDS`` has one)."""
