@@ -111,8 +111,8 @@ class PickyBackend(TrieBackend):
 
 @hookimpl
 def register_structured_output_backends(register):
-    register("picky", "seam_so_plugins:PickyBackend", priority=10)
-    register("trie", "seam_so_plugins:TrieBackend", priority=0)
+    register("picky", "seam_so_plugins:PickyBackend", priority=1001)  # tried before any installed backend
+    register("trie", "seam_so_plugins:TrieBackend", priority=1000)
 '''
 
 CHOICES = ["red apple", "green pear", "blue plum"]
@@ -204,5 +204,20 @@ def test_no_backend_accepts_names_every_reason(backends, tmp_path):
     with pytest.raises(ValueError, match="picky compiles nothing"):
         strict.generate("x", choice(*CHOICES, seed=0), use_tqdm=False)
     with pytest.raises(ValueError, match=r"picky: picky compiles nothing; trie: structured_outputs.regex"):
-        llm_regex = SamplingParams(structured_outputs=StructuredOutputsParams(regex="[a-z]+"))
+        llm_regex = SamplingParams(structured_outputs=StructuredOutputsParams(regex="(unclosed"))
         LLM(str(model), dtype="float32", num_kv_blocks=16).generate("x", llm_regex, use_tqdm=False)
+
+
+def test_with_a_reasoning_parser_the_grammar_holds_after_the_reasoning(backends, tmp_path):
+    """deepseek_r1: a prompt that already closed the reasoning is constrained from its first token;
+    one still reasoning is not (its tokens are the unconstrained ones of the same seed)."""
+    model = build_tiny_model("llama", tmp_path / "m")
+    llm = LLM(str(model), dtype="float32", num_kv_blocks=64, block_size=8, reasoning_parser="deepseek_r1")
+    tokenizer = llm.engine.tokenizer
+    end = tokenizer.encode("</think>", add_special_tokens=False)
+    thought = tokenizer.encode("Fruit? Let me think.", add_special_tokens=False)
+    answered = llm.generate(thought + end, choice(*CHOICES, seed=5), use_tqdm=False)[0].outputs[0]
+    assert answered.text in CHOICES and answered.finish_reason == "stop"
+    free = SamplingParams(temperature=1.0, seed=5, max_tokens=6, ignore_eos=True)
+    reasoning = llm.generate(thought, choice(*CHOICES, seed=5).model_copy(update={"max_tokens": 6}), use_tqdm=False)
+    assert reasoning[0].outputs[0].token_ids == llm.generate(thought, free, use_tqdm=False)[0].outputs[0].token_ids

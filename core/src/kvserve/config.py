@@ -175,7 +175,8 @@ class DecodingConfig(_Section):
 
 
 class ServerConfig(_Section):
-    """The OpenAI-compatible HTTP server (``kvserve serve``); the engine ignores it."""
+    """The OpenAI-compatible HTTP server (``kvserve serve``); of it the engine reads only
+    ``reasoning_parser`` (a structured-output grammar holds after the reasoning)."""
 
     host: str = Field("127.0.0.1", description="Interface to bind; loopback only unless set")
     port: int = Field(8000, ge=0, le=65535, description="0: any free port")

@@ -22,6 +22,7 @@ from kvserve.executor import Executor, InProcessExecutor
 from kvserve.interfaces import SchedulerOutput
 from kvserve.logging_setup import configure_logging
 from kvserve.outputs import RequestOutput, TokenLogprobs
+from kvserve.reasoning import load_reasoning_parser
 from kvserve.request import Request, RequestStatus
 from kvserve.runner.build import build_runner
 from kvserve.runner.model_settings import ModelSettings
@@ -69,8 +70,9 @@ class LLMEngine:
         self.scheduler = scheduler_cls(config.scheduler, self.kv_cache_manager, self.max_model_len)
         self.sampler = self._sampler()
         self.grammars = GrammarCompiler(
-            self.tokenizer, self.hf_config.vocab_size, self.eos_token_ids, config.decoding.structured_outputs_config
-        )
+            self.tokenizer, self.hf_config.vocab_size, self.eos_token_ids, config.decoding.structured_outputs_config,
+            load_reasoning_parser(config.server.reasoning_parser, self.tokenizer),  # grammars wait for the answer
+        )  # fmt: skip
         self.token_metadata: dict[str, TokenMetadataSource] = {}
         """Name -> the value each token of a request carries under it, sent to the model with every
         step (:attr:`kvserve.forward_context.ForwardContext.token_metadata`), e.g. LoRA adapter ids."""

@@ -7,8 +7,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from kvserve.config import StructuredOutputsConfig
+from kvserve.interfaces.reasoning_parser import ReasoningParser
 from kvserve.interfaces.structured_output import StructuredOutputBackend
 from kvserve.plugins import load_component
+from kvserve.reasoning import constrain_after_reasoning
 from kvserve.request import Request
 
 CACHED_GRAMMARS = 256
@@ -21,13 +23,22 @@ class GrammarCompiler:
     scheduler (:attr:`Request.ready_when`). Requests with an equal constraint share one compilation.
 
     Built by the engine with its tokenizer, the model's vocabulary size and EOS ids (see
-    :class:`~kvserve.interfaces.StructuredOutputBackend`); backends are built on first use.
+    :class:`~kvserve.interfaces.StructuredOutputBackend`); backends are built on first use. With a
+    reasoning parser, each matcher waits for the end of the request's reasoning
+    (:func:`~kvserve.reasoning.constrain_after_reasoning`).
     """
 
     def __init__(
-        self, tokenizer: Any, vocab_size: int, eos_token_ids: tuple[int, ...], config: StructuredOutputsConfig
-    ):
+        self,
+        tokenizer: Any,
+        vocab_size: int,
+        eos_token_ids: tuple[int, ...],
+        config: StructuredOutputsConfig,
+        reasoning_parser: ReasoningParser | None = None,
+    ) -> None:
+        """``reasoning_parser``: the engine's; a grammar then holds only after the request's reasoning."""
         self._backend_args = (tokenizer, vocab_size, eos_token_ids, config)
+        self._reasoning_parser = reasoning_parser
         self._backends: dict[str, StructuredOutputBackend] = {}
         self._compiled: OrderedDict[tuple[str, str], Future] = OrderedDict()
         self._pending: dict[str, tuple[Request, str, Future]] = {}
@@ -59,7 +70,10 @@ class GrammarCompiler:
                 continue
             del self._pending[request_id]
             try:
-                request.logits_constraint = self._backend(backend).matcher(future.result())
+                matcher = self._backend(backend).matcher(future.result())
+                request.logits_constraint = constrain_after_reasoning(
+                    matcher, self._reasoning_parser, request.prompt_token_ids
+                )
             except Exception as exc:  # the constraint (or the backend) failed: this request only
                 failed[request_id] = f"compiling its structured_outputs with {backend} failed: {exc}"
         return failed
