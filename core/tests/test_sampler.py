@@ -60,6 +60,17 @@ def test_bias_allowed_tokens_and_min_tokens_mask():
     assert torch.isinf(out[2, 0]) and torch.isinf(out[2, 8])  # EOS and stop token banned before min_tokens
 
 
+def test_a_row_with_every_token_ruled_out_fails_alone():
+    """allowed_token_ids holding only EOS, banned before min_tokens: that row fails (with logprobs asked,
+    nothing breaks); its neighbour samples as usual."""
+    doomed = request("a", allowed_token_ids=[0], min_tokens=3, logprobs=2, temperature=1.0)
+    fine = request("b", logprobs=2, temperature=0.0)
+    logits = torch.randn(2, VOCAB)
+    out = Sampler(0)(logits, [doomed, fine])
+    assert set(out.errors) == {0} and "every token is ruled out" in out.errors[0]
+    assert out.tokens[1] == int(logits[1].argmax()) and len(out.logprobs) == 2
+
+
 def test_logits_processor_sees_history_and_runs_first():
     seen = []
 

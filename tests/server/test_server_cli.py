@@ -16,7 +16,7 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from kvserve.cli import bench, chat  # noqa: F401  (registers the commands)
+from kvserve.cli import bench, chat, serve  # noqa: F401  (registers the commands)
 from kvserve.cli.app import app
 from kvserve.config_sources import load_config, parse_assignments
 from kvserve.errors import ConfigError
@@ -180,3 +180,15 @@ def test_chat_in_process(tiny_model_dir: Path) -> None:
     )
     assert result.exit_code == 0, result.output
     assert result.output.count(">>> ") == 4  # two replies, then the prompt after /reset and at end of input
+
+
+def test_structured_outputs_config_is_json_on_the_command_line(monkeypatch):
+    started = {}
+    monkeypatch.setattr("kvserve.server.runner.serve", lambda config, log_level: started.update(config=config))
+    option = '{"backend": "guidance", "disable_any_whitespace": true}'
+    result = CliRunner().invoke(app, ["serve", "--structured-outputs-config", option])
+    assert result.exit_code == 0, result.output
+    chosen = started["config"].decoding.structured_outputs_config
+    assert chosen.backend == "guidance" and chosen.disable_any_whitespace and not chosen.disable_fallback
+    result = CliRunner().invoke(app, ["serve", "--structured-outputs-config", '{"backnd": "x"}'])
+    assert result.exit_code != 0 and "structured_outputs_config.backnd" in str(result.exception)

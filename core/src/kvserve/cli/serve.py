@@ -62,6 +62,13 @@ def serve(
     tool_parser_plugin: Annotated[
         str | None, typer.Option(help="A Python file of ToolParser classes, registered under their names.")
     ] = None,
+    structured_outputs_config: Annotated[
+        str | None,
+        typer.Option(
+            help='Structured outputs as JSON, e.g. \'{"backend": "guidance", "disable_any_whitespace": true}\' '
+            "(backend: auto, xgrammar or guidance).",
+        ),
+    ] = None,
     reasoning_parser: Annotated[
         str | None,
         typer.Option(help="Split chat answers' reasoning into reasoning_content: deepseek_r1, qwen3 or a plugin's."),
@@ -82,6 +89,7 @@ def serve(
         tensor_parallel_size=tensor_parallel_size, distributed_executor_backend=distributed_executor_backend,
         engine_process=engine_process, chat_template=chat_template, enable_auto_tool_choice=enable_auto_tool_choice,
         tool_call_parser=tool_call_parser, tool_parser_plugin=tool_parser_plugin, reasoning_parser=reasoning_parser,
+        structured_outputs_config=structured_outputs_config,
         optimization_level=optimization_level,
     )  # fmt: skip
     run_server(config, log_level=log_level)

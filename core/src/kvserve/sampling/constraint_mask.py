@@ -36,10 +36,7 @@ class ConstraintMaskStage(SamplerStage):
                 batch.requests[row].logits_constraint.fill_bitmask(bitmask, slot)
             except Exception as exc:  # the constraint's own code or state: fail its request only
                 batch.fail(row, "filling the constraint's token mask", exc)
-        banned = banned_tokens(bitmask, logits.shape[1])  # on the host, as the bitmask: no device sync
-        for slot in banned.all(dim=1).nonzero().flatten().tolist():
-            batch.fail(rows[slot], "applying its constraint", ValueError("the grammar allows no token here"))
-        banned = banned.to(logits.device, non_blocking=True)
+        banned = banned_tokens(bitmask, logits.shape[1]).to(logits.device, non_blocking=True)
         if len(rows) == len(batch.requests):  # every row constrained: in place, no gather
             return logits.masked_fill_(banned, float("-inf"))
         index = torch.tensor(rows, device=logits.device)

@@ -31,6 +31,12 @@ class SamplerOutput:
     """Row -> what failed while processing that row's logits (its request must be failed)."""
 
 
+RULED_OUT = (
+    "every token is ruled out (by its structured_outputs grammar, allowed_token_ids and bad_words, "
+    "with min_tokens banning EOS and stop tokens)"
+)
+
+
 def default_stages(extra: list[SamplerStage] = ()) -> list[SamplerStage]:
     """vLLM's order: the constraint (grammar) mask, the requests' own logits processors, ``extra`` (the
     engine's batch-level logits processors), allowed/bad tokens, logit bias, penalties."""
@@ -90,10 +96,16 @@ class Sampler:
         processed logits and the batch (its ``errors``: rows whose processing failed)."""
         batch = SamplingBatch(requests, logits.device)
         active = [stage for stage in self.stages if stage.wants(batch)]
-        if active:
-            logits = logits.clone()
+        if not active:
+            return logits, batch
+        logits = logits.clone()
         for stage in active:
             logits = stage.apply(logits, batch)
+        # Masks that together rule out every token (a grammar at a dead end, allowed_token_ids holding
+        # only EOS before min_tokens): that request fails; its row is drawn from harmless zeros.
+        for row in (logits.amax(dim=1) == float("-inf")).nonzero().flatten().tolist():
+            batch.fail(row, "choosing a token", ValueError(RULED_OUT))
+            logits[row] = 0.0
         return logits, batch
 
     def _reported(self, raw: torch.Tensor, processed: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
