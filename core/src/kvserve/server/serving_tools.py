@@ -103,7 +103,10 @@ class ToolUse:
         except ValueError as exc:
             raise OpenAIError(400, str(exc), param="tools") from None
         schema = schema or parameters_schema(self.parser_tools[0])
-        return params.model_copy(update={"structured_outputs": StructuredOutputsParams(json=schema)})
+        # A forced call's arguments are the parameters the tool names, nothing more (as OpenAI's strict
+        # function calling): a schema's open objects would let a small model ramble on in made-up keys.
+        forced = StructuredOutputsParams(json=schema, disable_additional_properties=True)
+        return params.model_copy(update={"structured_outputs": forced})
 
     def new_parser(self, tokenizer: Any) -> ToolParser | None:
         return None if self.parser is None else self.parser(tokenizer, self.parser_tools)

@@ -46,4 +46,7 @@ def choose_backend(params: StructuredOutputsParams, config: StructuredOutputsCon
         return name
     if len(reasons) == 1:
         raise ValueError(reasons[0][1])
-    raise ValueError("; ".join(f"{name}: {reason}" for name, reason in reasons))
+    # One "field: why" message (the server names the field from it), each backend's reason inside.
+    field = f"structured_outputs.{params.kind}: "
+    why = "; ".join(f"{name}: {reason.removeprefix(field)}" for name, reason in reasons)
+    raise ValueError(f"{field}no backend accepts it ({why})")
