@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import time
 
+import torch
+
 from kvserve import LLM, SamplingParams
+from kvserve.native import cpu_name_and_flags
 from kvserve.plugins import get_plugin_manager, load_component
 from kvserve.request import Request
 from kvserve.sampling_params import StructuredOutputsParams
@@ -130,8 +131,10 @@ def main() -> None:
             **compile_times(llm, backend, args.repeat),
         }
         llm.engine.shutdown()
-    print(f"\nbatch {args.batch} x {args.max_tokens} tokens, {args.dtype}, {os.environ.get('OMP_NUM_THREADS', '?')} "
-          f"threads, {platform.processor() or platform.machine()}")  # fmt: skip
+    cpu, flags = cpu_name_and_flags()
+    isa = " ".join(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags) or "?"
+    print(f"\nbatch {args.batch} x {args.max_tokens} tokens, {args.dtype}, {torch.get_num_threads()} threads, "
+          f"{cpu} ({isa})")  # fmt: skip
     print(f"{'backend':<10} {'unconstr. tok/s':>15} {'schema tok/s':>12} {'ratio':>6} {'setup ms':>9} "
           f"{'cold ms':>8} {'cached ms':>9}")  # fmt: skip
     for backend, r in results.items():

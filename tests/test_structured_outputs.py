@@ -12,8 +12,8 @@ import jsonschema
 import pytest
 
 from kvserve import LLM, SamplingParams
-from kvserve.plugins import get_plugin_manager
 from kvserve.sampling_params import StructuredOutputsParams
+from kvserve.structured_outputs.selection import usable_backends
 
 SEEDS = range(12)
 PERSON = {
@@ -27,15 +27,12 @@ PERSON = {
 }
 
 
-def _backends() -> list[str]:
-    registry = get_plugin_manager().registry("structured_output_backend")
-    return [r.name for r in registry.entries() if not r.facts.get("unavailable") and r.name in ("xgrammar", "guidance")]
+pytestmark = pytest.mark.skipif(
+    not usable_backends(), reason="no structured output backend installed (xgrammar, guidance)"
+)
 
 
-pytestmark = pytest.mark.skipif(not _backends(), reason="no structured output backend installed (xgrammar, guidance)")
-
-
-@pytest.fixture(scope="module", params=_backends())
+@pytest.fixture(scope="module", params=usable_backends())
 def llm(request):
     engine = LLM(
         max_model_len=512, structured_outputs_config={"backend": request.param, "disable_any_whitespace": True}

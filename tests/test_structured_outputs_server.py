@@ -4,7 +4,8 @@ seeds, through the official ``openai`` client, streamed and not.
 Every output that finishes with ``finish_reason="stop"`` (a grammar that has ended stops its request)
 matches its constraint, and most finish: JSON schemas validate with ``jsonschema``, choices are one of
 the choices, regexes match in full. A constraint the backend cannot compile is a 400 naming the field
-the client set it in, and the server goes on serving. Skipped until a backend (xgrammar) is installed.
+the client set it in, and the server goes on serving. Each installed backend in turn (xgrammar,
+guidance); skipped while none is.
 """
 
 from __future__ import annotations
@@ -23,8 +24,11 @@ from kvserve.config import EngineConfig, ServerConfig
 from kvserve.frontend.async_llm import AsyncLLM
 from kvserve.loader.default_model import EMBEDDED_MODEL_NAME
 from kvserve.server import ServerThread, build_app
+from kvserve.structured_outputs.selection import usable_backends
 
-pytest.importorskip("xgrammar")  # the default backend; until it is installed there is nothing to constrain with
+pytestmark = pytest.mark.skipif(
+    not usable_backends(), reason="no structured output backend installed (xgrammar, guidance)"
+)
 
 SEEDS = [1, 2, 3]
 N = 3  # samples per request: seed, seed + 1, seed + 2
@@ -48,9 +52,13 @@ Outputs = list[tuple[str, str]]
 """(text, finish_reason) of each choice."""
 
 
-@pytest.fixture(scope="module")
-def smol() -> Iterator[openai.OpenAI]:
-    llm = AsyncLLM.from_config(EngineConfig.from_flat(dtype="float32", max_model_len=1024))
+@pytest.fixture(scope="module", params=usable_backends())
+def smol(request: pytest.FixtureRequest) -> Iterator[openai.OpenAI]:
+    """The server with each installed backend in turn (``structured_outputs_config.backend``)."""
+    config = EngineConfig.from_flat(
+        dtype="float32", max_model_len=1024, structured_outputs_config={"backend": request.param}
+    )
+    llm = AsyncLLM.from_config(config)
     try:
         with ServerThread(build_app(llm, ServerConfig(port=0))) as server:
             yield openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)

@@ -232,6 +232,20 @@ def test_the_callers_logits_are_left_as_given(params):
     assert torch.equal(logits, before)
 
 
+@pytest.mark.parametrize("logprobs", [None, 2])
+def test_owned_logits_sample_as_a_copy_does_and_raw_logprobs_still_see_the_raw_values(logprobs):
+    logits = torch.randn(3, VOCAB)
+    rows = lambda: [  # noqa: E731
+        request("a", output=(1,), logit_bias={4: 3.0}, temperature=0.8, seed=1, logprobs=logprobs),
+        request("b", repetition_penalty=1.5, seed=2, temperature=1.0),
+        request("c", allowed_token_ids=[2, 4, 6]),
+    ]
+    copied = Sampler(0)(logits, rows())
+    owned = Sampler(0)(logits.clone(), rows(), logits_owned=True)
+    assert owned.tokens == copied.tokens
+    assert owned.logprobs == copied.logprobs
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     rows=st.integers(1, 5),

@@ -235,7 +235,7 @@ class LLMEngine:
             rows = [step.rows(i)[-1] for i in step.sampled_chunks]
             # Rows in order: a view, not a copy of [rows, vocab] logits per step.
             logits = step.logits[: len(rows)] if rows == list(range(len(rows))) else step.logits[rows]
-            sampled = self.sampler(logits, owners)
+            sampled = self.sampler(logits, owners, logits_owned=True)
             changed = failed | self._update(plan, step, owners, sampled)
             self.scheduler.record_step_time(plan, time.perf_counter() - started)
             self._record_step(plan, len(owners))

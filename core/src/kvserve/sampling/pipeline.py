@@ -72,10 +72,15 @@ class Sampler:
         self.logprobs_mode = logprobs_mode
         self.kernel = kernel or TorchSamplingKernel()
 
-    def __call__(self, logits: torch.Tensor, requests: list[Request]) -> SamplerOutput:
-        """``logits``: float32 ``[rows, vocab]``, row ``i`` belonging to ``requests[i]``."""
+    @torch.inference_mode()  # the runner's logits are inference tensors: written in place only in this mode
+    def __call__(self, logits: torch.Tensor, requests: list[Request], logits_owned: bool = False) -> SamplerOutput:
+        """``logits``: float32 ``[rows, vocab]``, row ``i`` belonging to ``requests[i]``, left as given
+        unless ``logits_owned`` (the caller never reads them again: the stages may write over them)."""
         raw = logits
-        logits, batch = self.process(logits, requests)
+        reads_raw = self.logprobs_mode.startswith("raw") and any(
+            r.sampling_params.logprobs is not None for r in requests
+        )
+        logits, batch = self.process(logits, requests, in_place=logits_owned and not reads_raw)
         sampled = batch.sampled_rows
         if not sampled:
             tokens = row_argmax(logits)
@@ -91,14 +96,18 @@ class Sampler:
             logprobs = token_logprobs(self._reported(raw, logits, batch), tokens, top_ns)
         return SamplerOutput(tokens.tolist(), logprobs, batch.errors)
 
-    def process(self, logits: torch.Tensor, requests: list[Request]) -> tuple[torch.Tensor, SamplingBatch]:
-        """Run the stages that change some row this step over a copy of ``logits``; returns the
-        processed logits and the batch (its ``errors``: rows whose processing failed)."""
+    def process(
+        self, logits: torch.Tensor, requests: list[Request], in_place: bool = False
+    ) -> tuple[torch.Tensor, SamplingBatch]:
+        """Run the stages that change some row this step over a copy of ``logits`` (over ``logits``
+        itself when ``in_place``: nothing reads the raw values after); returns the processed logits and
+        the batch (its ``errors``: rows whose processing failed)."""
         batch = SamplingBatch(requests, logits.device)
         active = [stage for stage in self.stages if stage.wants(batch)]
         if not active:
             return logits, batch
-        logits = logits.clone()
+        if not in_place:  # a copy of the whole batch's logits costs up to a millisecond a step on CPU
+            logits = logits.clone()
         for stage in active:
             logits = stage.apply(logits, batch)
         # Masks that together rule out every token (a grammar at a dead end, allowed_token_ids holding

@@ -12,15 +12,21 @@ from kvserve.sampling_params import StructuredOutputsParams
 logger = logging.getLogger("kvserve")
 
 
+def usable_backends() -> list[str]:
+    """The registered backends that can be loaded (their library installed), by priority."""
+    registry = get_plugin_manager().registry("structured_output_backend")
+    usable = {r.name for r in registry.entries() if r.problem is None and not r.facts.get("unavailable")}
+    return [name for name in registry.names() if name in usable]
+
+
 def candidate_backends(config: StructuredOutputsConfig) -> list[str]:
     """The backends to try in order: the configured one, or under ``auto`` every installed one by
     priority (only the first with ``disable_fallback``)."""
     if config.backend != AUTO:
         return [config.backend]
-    registry = get_plugin_manager().registry("structured_output_backend")
-    usable = [r.name for r in registry.entries() if r.problem is None and not r.facts.get("unavailable")]
-    ordered = [name for name in registry.names() if name in usable]
+    ordered = usable_backends()
     if not ordered:
+        registry = get_plugin_manager().registry("structured_output_backend")
         unavailable = [f"{r.name} ({r.facts.get('unavailable') or r.problem})" for r in registry.entries()]
         raise PluginError(
             "structured outputs need a structured_output_backend plugin: pip install "
