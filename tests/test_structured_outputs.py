@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -112,3 +113,17 @@ def test_a_malformed_constraint_is_refused_by_name(llm, constraint, field):
     with pytest.raises(ValueError, match=field):
         llm.generate("x", SamplingParams(structured_outputs=StructuredOutputsParams(**constraint)), use_tqdm=False)
     assert llm.generate("x", SamplingParams(max_tokens=2), use_tqdm=False)[0].outputs[0].finish_reason == "length"
+
+
+def test_the_documented_offline_example_runs(capsys):
+    """docs/structured_outputs.md's ``LLM`` example as written: its JSON validates, its choice and regex hold."""
+    page = (Path(__file__).parents[1] / "docs" / "structured_outputs.md").read_text()
+    example = next(block for block in re.findall(r"```python\n(.*?)```", page, re.DOTALL) if "LLM()" in block)
+    scope: dict = {}
+    exec(example, scope)  # noqa: S102 - the page's own code, run as a reader would
+    jsonschema.validate(json.loads(capsys.readouterr().out.strip().splitlines()[-1]), scope["schema"])
+    llm = scope["llm"]
+    answer = llm.generate(["Is the sky blue? "], scope["yes_no"], use_tqdm=False)[0].outputs[0].text
+    date = llm.generate(["Today's date: "], scope["date"], use_tqdm=False)[0].outputs[0].text
+    llm.engine.shutdown()
+    assert answer in ("yes", "no") and re.fullmatch(r"\d{4}-\d{2}-\d{2}", date), (answer, date)
