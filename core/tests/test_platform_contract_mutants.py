@@ -7,63 +7,33 @@ pointed at the class under test.
 
 from __future__ import annotations
 
-import os
-import textwrap
 from pathlib import Path
 
 import pytest
 
-from kvserve.testing.check import run_pytest
+from kvserve.testing.mutation import Subject, contract_outcomes, failed
 
 MUTANTS = Path(__file__).parent / "mutants"
 SUBJECTS = {
-    "TestUnsupportedDefault": ("mutant_platform", "UnsupportedDefault"),
-    "TestForgetsFreedMemory": ("mutant_platform", "ForgetsFreedMemory"),
-    "TestBudgetGrowsWithActivations": ("mutant_platform", "BudgetGrowsWithActivations"),
-    "TestHalfVersionedCapability": ("mutant_platform", "HalfVersionedCapability"),
-    "TestSamplerIgnoresMinP": ("mutant_platform", "SamplerIgnoresMinP"),
-    "TestSamplerKeepsEveryToken": ("mutant_platform", "SamplerKeepsEveryToken"),
-    "TestRealCpuPlatform": ("kvserve_platform_cpu.platform", "CpuPlatform"),
+    "TestUnsupportedDefault": Subject("platform", "mutant_platform:UnsupportedDefault"),
+    "TestForgetsFreedMemory": Subject("platform", "mutant_platform:ForgetsFreedMemory"),
+    "TestBudgetGrowsWithActivations": Subject("platform", "mutant_platform:BudgetGrowsWithActivations"),
+    "TestHalfVersionedCapability": Subject("platform", "mutant_platform:HalfVersionedCapability"),
+    "TestSamplerIgnoresMinP": Subject("platform", "mutant_platform:SamplerIgnoresMinP"),
+    "TestSamplerKeepsEveryToken": Subject("platform", "mutant_platform:SamplerKeepsEveryToken"),
+    "TestRealCpuPlatform": Subject("platform", "kvserve_platform_cpu.platform:CpuPlatform"),
 }
-
-
-def _test_module() -> str:
-    lines = ["from kvserve.testing import PlatformContract"]
-    for test_class, (module, subject) in SUBJECTS.items():
-        lines.append(
-            textwrap.dedent(f"""
-            from {module} import {subject}
-
-            class {test_class}(PlatformContract):
-                platform = {subject}.name
-
-                @classmethod
-                def load_component(cls):
-                    return {subject}
-            """)
-        )
-    return "\n".join(lines)
 
 
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory) -> dict[str, dict[str, str | None]]:
     """Test class -> test id -> failure message (None when it passed or was skipped)."""
-    root = tmp_path_factory.mktemp("platform-mutants")
-    (root / "mutant_platform.py").write_text((MUTANTS / "platform.py").read_text())
-    (root / "test_mutants.py").write_text(_test_module())
-    (root / "pytest.ini").write_text("[pytest]\n")
-    run = run_pytest(["test_mutants.py", "-q"], cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, capture=True)
-    outcomes = {test_class: run.of_class(test_class) for test_class in SUBJECTS}
-    assert all(outcomes.values()), run.output
-    return outcomes
-
-
-def failed(outcomes, test_class: str) -> dict[str, str]:
-    return {test: message for test, message in outcomes[test_class].items() if message}
+    modules = {"mutant_platform": MUTANTS / "platform.py"}
+    return contract_outcomes(SUBJECTS, tmp_path_factory.mktemp("platform-mutants"), modules)
 
 
 def test_the_real_cpu_platform_passes(outcomes):
-    assert len(outcomes["TestRealCpuPlatform"]) >= 8 and not failed(outcomes, "TestRealCpuPlatform")
+    assert len(outcomes["TestRealCpuPlatform"]) >= 8 and not failed(outcomes["TestRealCpuPlatform"])
 
 
 @pytest.mark.parametrize(
@@ -76,7 +46,7 @@ def test_the_real_cpu_platform_passes(outcomes):
     ],
 )
 def test_each_mutant_fails_its_check_only(outcomes, test_class, check, words):
-    failures = failed(outcomes, test_class)
+    failures = failed(outcomes[test_class])
     assert list(failures) == [check], failures
     assert words in failures[check], failures[check]
 
@@ -89,6 +59,6 @@ def test_each_mutant_fails_its_check_only(outcomes, test_class, check, words):
     ],
 )
 def test_each_sampling_kernel_mutant_fails_the_kernel_checks_only(outcomes, test_class, words):
-    failures = failed(outcomes, test_class)
+    failures = failed(outcomes[test_class])
     assert failures and all(test.startswith("test_sampling_kernel_") for test in failures), failures
     assert any(words in message for message in failures.values()), failures

@@ -8,63 +8,32 @@ pointed at the class under test.
 
 from __future__ import annotations
 
-import os
-import textwrap
 from pathlib import Path
 
 import pytest
 
-from kvserve.testing.check import run_pytest
+from kvserve.testing.mutation import Subject, contract_outcomes, failed
 
 MUTANTS = Path(__file__).parent / "mutants"
 SUBJECTS = {
-    "TestEndTagWithinDelta": ("mutant_reasoning_parser", "EndTagWithinDelta"),
-    "TestDropsHeldText": ("mutant_reasoning_parser", "DropsHeldText"),
-    "TestSharedStream": ("mutant_reasoning_parser", "SharedStream"),
-    "TestRealDeepSeekR1": ("kvserve.reasoning", "DeepSeekR1ReasoningParser"),
-    "TestRealQwen3": ("kvserve.reasoning", "Qwen3ReasoningParser"),
+    "TestEndTagWithinDelta": Subject("reasoning_parser", "mutant_reasoning_parser:EndTagWithinDelta"),
+    "TestDropsHeldText": Subject("reasoning_parser", "mutant_reasoning_parser:DropsHeldText"),
+    "TestSharedStream": Subject("reasoning_parser", "mutant_reasoning_parser:SharedStream"),
+    "TestRealDeepSeekR1": Subject("reasoning_parser", "kvserve.reasoning:DeepSeekR1ReasoningParser"),
+    "TestRealQwen3": Subject("reasoning_parser", "kvserve.reasoning:Qwen3ReasoningParser"),
 }
-
-
-def _test_module() -> str:
-    lines = ["from kvserve.testing import ReasoningParserContract"]
-    for test_class, (module, subject) in SUBJECTS.items():
-        lines.append(
-            textwrap.dedent(f"""
-            from {module} import {subject}
-
-            class {test_class}(ReasoningParserContract):
-                reasoning_parser = {subject}.name
-
-                @classmethod
-                def load_component(cls):
-                    return {subject}
-            """)
-        )
-    return "\n".join(lines)
 
 
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory) -> dict[str, dict[str, str | None]]:
     """Test class -> test id -> failure message (None when it passed or was skipped)."""
-    root = tmp_path_factory.mktemp("reasoning-mutants")
-    (root / "mutant_reasoning_parser.py").write_text((MUTANTS / "reasoning_parser.py").read_text())
-    (root / "test_mutants.py").write_text(_test_module())
-    (root / "pytest.ini").write_text("[pytest]\n")
-    python_path = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
-    run = run_pytest(["test_mutants.py", "-q"], cwd=root, env={**os.environ, "PYTHONPATH": python_path}, capture=True)
-    outcomes = {test_class: run.of_class(test_class) for test_class in SUBJECTS}
-    assert all(outcomes.values()), run.output
-    return outcomes
-
-
-def failed(outcomes, test_class: str) -> dict[str, str]:
-    return {test: message for test, message in outcomes[test_class].items() if message}
+    modules = {"mutant_reasoning_parser": MUTANTS / "reasoning_parser.py"}
+    return contract_outcomes(SUBJECTS, tmp_path_factory.mktemp("reasoning-mutants"), modules)
 
 
 @pytest.mark.parametrize("test_class", ["TestRealDeepSeekR1", "TestRealQwen3"])
 def test_the_real_parsers_pass(outcomes, test_class):
-    assert len(outcomes[test_class]) >= 8 and not failed(outcomes, test_class), failed(outcomes, test_class)
+    assert len(outcomes[test_class]) >= 8 and not failed(outcomes[test_class]), failed(outcomes[test_class])
 
 
 @pytest.mark.parametrize(
@@ -76,6 +45,6 @@ def test_the_real_parsers_pass(outcomes, test_class):
     ],
 )
 def test_each_mutant_fails_its_check_only(outcomes, test_class, check, words):
-    failures = failed(outcomes, test_class)
+    failures = failed(outcomes[test_class])
     assert failures and all(test.split("[")[0] == check for test in failures), failures
     assert all(words in message for message in failures.values()), failures

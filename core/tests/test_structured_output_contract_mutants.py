@@ -8,64 +8,34 @@ pointed at the class under test.
 
 from __future__ import annotations
 
-import os
-import textwrap
 from pathlib import Path
 
 import pytest
 
-from kvserve.testing.check import run_pytest
+from kvserve.testing.mutation import Subject, contract_outcomes, failed
 
 MUTANTS = Path(__file__).parent / "mutants"
+KIND = "structured_output_backend"
 SUBJECTS = {
-    "TestSkipsTheMask": ("mutant_structured_output", "SkipsTheMask"),
-    "TestIgnoresEos": ("mutant_structured_output", "IgnoresEos"),
-    "TestRealXgrammar": ("kvserve_structured_outputs_xgrammar.backend", "XgrammarBackend"),
+    "TestSkipsTheMask": Subject(KIND, "mutant_structured_output:SkipsTheMask"),
+    "TestIgnoresEos": Subject(KIND, "mutant_structured_output:IgnoresEos"),
+    "TestRealXgrammar": Subject(KIND, "kvserve_structured_outputs_xgrammar.backend:XgrammarBackend"),
 }
-
-
-def _test_module() -> str:
-    lines = ["from kvserve.testing import StructuredOutputBackendContract"]
-    for test_class, (module, subject) in SUBJECTS.items():
-        lines.append(
-            textwrap.dedent(f"""
-            from {module} import {subject}
-
-            class {test_class}(StructuredOutputBackendContract):
-                backend = {subject}.name
-
-                @classmethod
-                def load_component(cls):
-                    return {subject}
-            """)
-        )
-    return "\n".join(lines)
 
 
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory) -> dict[str, dict[str, str | None]]:
     """Test class -> test id -> failure message (None when it passed or was skipped)."""
-    root = tmp_path_factory.mktemp("structured-output-mutants")
-    (root / "mutant_structured_output.py").write_text((MUTANTS / "structured_output.py").read_text())
-    (root / "test_mutants.py").write_text(_test_module())
-    (root / "pytest.ini").write_text("[pytest]\n")
-    python_path = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
-    run = run_pytest(["test_mutants.py", "-q"], cwd=root, env={**os.environ, "PYTHONPATH": python_path}, capture=True)
-    outcomes = {test_class: run.of_class(test_class) for test_class in SUBJECTS}
-    assert all(outcomes.values()), run.output
-    return outcomes
-
-
-def failed(outcomes, test_class: str) -> dict[str, str]:
-    return {test: message for test, message in outcomes[test_class].items() if message}
+    modules = {"mutant_structured_output": MUTANTS / "structured_output.py"}
+    return contract_outcomes(SUBJECTS, tmp_path_factory.mktemp("structured-output-mutants"), modules)
 
 
 def test_the_real_xgrammar_backend_passes(outcomes):
-    assert len(outcomes["TestRealXgrammar"]) >= 30 and not failed(outcomes, "TestRealXgrammar")
+    assert len(outcomes["TestRealXgrammar"]) >= 30 and not failed(outcomes["TestRealXgrammar"])
 
 
 def test_a_backend_that_skips_the_mask_is_caught(outcomes):
-    failures = failed(outcomes, "TestSkipsTheMask")
+    failures = failed(outcomes["TestSkipsTheMask"])
     forbidden = {t: m for t, m in failures.items() if t.startswith("test_a_token_the_grammar_forbids")}
     assert len(forbidden) == 2 and all("where the schema forbids it" in m for m in forbidden.values()), failures
     assert "past the tokenizer's 49152 tokens" in failures.get("test_padding_ids_are_never_allowed", ""), failures
@@ -75,7 +45,7 @@ def test_a_backend_that_skips_the_mask_is_caught(outcomes):
 
 
 def test_a_backend_that_ignores_eos_is_caught(outcomes):
-    failures = failed(outcomes, "TestIgnoresEos")
+    failures = failed(outcomes["TestIgnoresEos"])
     document = failures.get("test_a_json_document_is_allowed_token_by_token_and_eos_only_at_its_end", "")
     assert "is not allowed after the complete document" in document, failures
     walks = {t: m for t, m in failures.items() if t.startswith("test_a_random_walk")}

@@ -26,7 +26,8 @@ CONTRACT_FACT = "contract"
 """Registration fact naming a plugin's own contract subclass (``"module:Class"``)."""
 
 
-def _import(target: str) -> type:
+def import_target(target: str) -> type:
+    """The object ``"module:attr"`` names."""
     module, _, attr = target.partition(":")
     return getattr(importlib.import_module(module), attr)
 
@@ -39,11 +40,11 @@ def contract_for(kind: str, name: str) -> type:
     that class is used; otherwise the generic contract.
     """
     info = CONTRACTS[kind]
-    base = _import(info.target)
+    base = import_target(info.target)
     registration = get_plugin_manager().registry(kind).get(name)  # raises with the registry's reason
     custom = registration.facts.get(CONTRACT_FACT)
     if custom:
-        contract = _import(custom)
+        contract = import_target(custom)
         if not (isinstance(contract, type) and issubclass(contract, base)):
             raise PluginError(
                 f"{registration.describe()} names contract {custom!r}, which is not a subclass of {info.class_name}"
