@@ -206,3 +206,14 @@ def test_a_constraint_the_backend_refuses_is_a_400_and_the_server_goes_on(
     assert raised.value.body["message"].startswith(param), raised.value.body
     answer = complete(smol, False, prompt="Say yes: ", max_tokens=4, extra_body={"guided_choice": ["yes"]})
     assert answer == [("yes", "stop")] * N
+
+
+def test_a_constraint_that_leaves_no_token_is_a_400_and_the_server_goes_on(smol: openai.OpenAI) -> None:
+    """A choice grammar and ``allowed_token_ids`` that share no token: the request's own doing, so a 400
+    (found while sampling, before anything was sent), and the engine serves on."""
+    extra = {"structured_outputs": {"choice": ["yes", "no"]}, "allowed_token_ids": [0]}
+    with pytest.raises(openai.BadRequestError) as raised:
+        smol.completions.create(model=EMBEDDED_MODEL_NAME, prompt="Say yes: ", max_tokens=4, extra_body=extra)
+    assert "every token is ruled out" in raised.value.body["message"], raised.value.body
+    answer = complete(smol, False, prompt="Say yes: ", max_tokens=4, extra_body={"guided_choice": ["yes"]})
+    assert answer == [("yes", "stop")] * N

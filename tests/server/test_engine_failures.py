@@ -205,8 +205,8 @@ def test_a_request_the_engine_fails_gets_500_and_a_bystander_stream_completes(
     reference = http.post("/v1/completions", json=body).json()["choices"][0]["text"]
     process = Sampler.process
 
-    def fails_for_seed_666(self, logits, requests):
-        logits, batch = process(self, logits, requests)
+    def fails_for_seed_666(self, logits, requests, **options):
+        logits, batch = process(self, logits, requests, **options)
         for row, request in enumerate(requests):
             if request.sampling_params.seed == 666:
                 batch.fail(row, "sampling", RuntimeError("a bug in this request's sampling"))

@@ -34,6 +34,11 @@ class RequestError(KvserveError, RuntimeError):
         self.output = output
 
 
+class UnsatisfiableRequestError(KvserveError, ValueError):
+    """A request's own parameters leave the engine nothing to do (its masks rule out every token, its
+    grammar does not compile): the request is failed as a client error (HTTP 400 where nothing was sent)."""
+
+
 class MissingExtraError(KvserveError, ImportError):
     """An optional dependency group of kvserve-core is not installed; the message says what to install."""
 

@@ -65,6 +65,9 @@ class RequestOutput:
     metrics: RequestMetrics | None = None
     error: str | None = None
     """Why the engine failed this request (its completions then finish with ``"abort"``); None if it did not."""
+    invalid_request: bool = False
+    """With ``error``: the request's own parameters caused it (they rule out every token, its grammar does
+    not compile) — a client error, not the engine's."""
 
     @property
     def num_generated_tokens(self) -> int:

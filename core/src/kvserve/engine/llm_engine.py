@@ -250,7 +250,7 @@ class LLMEngine:
         for request_id, error in self.grammars.install_ready().items():
             state = self.states.get(request_id)
             if state is not None:
-                self._fail(state, error)
+                self._fail(state, error, invalid_request=True)  # the request's own constraint
                 failed[request_id] = state
         return failed
 
@@ -271,9 +271,9 @@ class LLMEngine:
     ) -> dict[str, RequestState]:
         """Book the sampled tokens: failed requests first, then the scheduler, then the outputs."""
         changed: dict[str, RequestState] = {}
-        failing: dict[str, tuple[Request, str]] = {}  # request id -> (request, its error)
+        failing: dict[str, tuple[Request, str, bool]] = {}  # request id -> (request, its error, invalid)
         for row, error in sampled.errors.items():
-            failing.setdefault(owners[row].request_id, (owners[row], error))
+            failing.setdefault(owners[row].request_id, (owners[row], error, row in sampled.invalid_rows))
         if failing:
             for item in plan.scheduled:
                 # The forward ran: a failing request's chunk holds its KV, which a request admitted in
@@ -281,10 +281,10 @@ class LLMEngine:
                 # freed as cached ones, not as blocks of a step that never ran.
                 if item.request.request_id in failing:
                     item.request.num_computed_tokens += item.num_tokens
-        for request, error in failing.values():
+        for request, error, invalid in failing.values():
             state = self._live_state(request)
             if state is not None:
-                self._fail(state, error)
+                self._fail(state, error, invalid_request=invalid)
                 changed[state.request_id] = state
         self._record_prompt_logprobs(plan, step)
         tokens = dict(zip(map(id, owners), sampled.tokens))
@@ -341,10 +341,12 @@ class LLMEngine:
         self.stat_logger.maybe_log(self.stats)
 
     # -- failures ---------------------------------------------------------------------------
-    def _fail(self, state: RequestState, error: str) -> None:
-        """Finish ``state`` with ``"abort"`` and ``error``, freeing its blocks."""
+    def _fail(self, state: RequestState, error: str, invalid_request: bool = False) -> None:
+        """Finish ``state`` with ``"abort"`` and ``error``, freeing its blocks; ``invalid_request``: its
+        own parameters caused it (a client error)."""
         logger.warning("request %s failed: %s", state.request_id, error)
         state.error = error
+        state.invalid_request = invalid_request
         self.scheduler.abort_request(state.request_id)
         state.request.status = RequestStatus.FINISHED_ABORTED
         if state.sequence.finish_reason is None:

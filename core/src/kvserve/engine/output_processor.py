@@ -102,6 +102,8 @@ class RequestState:
         self.sent_prompt_logprobs = False
         self.error: str | None = None
         """Set when the engine failed this request."""
+        self.invalid_request = False
+        """The failure was the request's own parameters' doing."""
 
     @property
     def finished(self) -> bool:
@@ -129,4 +131,5 @@ class RequestState:
             prompt_logprobs=prompt_logprobs,
             metrics=self.metrics,
             error=self.error,
+            invalid_request=self.invalid_request,
         )

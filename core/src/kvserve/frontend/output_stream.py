@@ -34,7 +34,8 @@ def merge_delta(into: RequestOutput, new: RequestOutput) -> None:
     if into.prompt_logprobs is None:
         into.prompt_logprobs = new.prompt_logprobs
     into.metrics = new.metrics
-    into.error = new.error if new.error is not None else into.error
+    if new.error is not None:
+        into.error, into.invalid_request = new.error, new.invalid_request
 
 
 class OutputStream:

@@ -62,6 +62,7 @@ class ParentRequest:
         self._metrics: list[RequestMetrics | None] = [None] * params.n
         self._prompt_logprobs: Any = None
         self.error: str | None = None
+        self.invalid_request = False
         """The first child failure; the parent is finished once it is set."""
 
     @property
@@ -87,7 +88,7 @@ class ParentRequest:
         for delta in new:
             _extend(self._samples[index], delta)
         if output.error is not None:
-            self.error = output.error
+            self.error, self.invalid_request = output.error, output.invalid_request
             aborted = [sample for sample in self._samples if sample.finish_reason is None]
             for sample in aborted:
                 sample.finish_reason = "abort"
@@ -109,6 +110,7 @@ class ParentRequest:
             prompt_logprobs=prompt_logprobs,
             metrics=self._merged_metrics(finished),
             error=self.error,
+            invalid_request=self.invalid_request,
         )
 
     def _merged_metrics(self, finished: bool) -> RequestMetrics | None:

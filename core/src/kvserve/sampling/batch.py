@@ -7,6 +7,7 @@ from functools import cached_property
 
 import torch
 
+from kvserve.errors import UnsatisfiableRequestError
 from kvserve.request import Request
 
 
@@ -17,12 +18,16 @@ class SamplingBatch:
     requests: list[Request]
     device: torch.device
     errors: dict[int, str] = field(default_factory=dict)
+    invalid_rows: set[int] = field(default_factory=set)
+    """Rows among ``errors`` failed by their request's own parameters (:class:`UnsatisfiableRequestError`)."""
     """Row -> what failed while processing its logits (its request must be failed)."""
 
     def fail(self, row: int, what: str, exc: Exception) -> None:
         """Record that ``row``'s processing failed (``what`` failed with ``exc``); the row is still sampled,
         its token ignored."""
         self.errors.setdefault(row, f"{what} failed: {type(exc).__name__}: {exc}")
+        if isinstance(exc, UnsatisfiableRequestError):
+            self.invalid_rows.add(row)
 
     @cached_property
     def sampled_rows(self) -> list[int]:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kvserve.errors import UnsatisfiableRequestError
 from kvserve.interfaces.sampling_kernel import SamplingKernel
 from kvserve.outputs import TokenLogprobs
 from kvserve.request import Request
@@ -29,6 +30,8 @@ class SamplerOutput:
     """Per row, when any row asked for logprobs: its top-N plus the chosen token."""
     errors: dict[int, str] = field(default_factory=dict)
     """Row -> what failed while processing that row's logits (its request must be failed)."""
+    invalid_rows: set[int] = field(default_factory=set)
+    """Rows among ``errors`` whose own parameters caused the failure (a client error)."""
 
 
 RULED_OUT = (
@@ -94,7 +97,7 @@ class Sampler:
         if batch.wants_logprobs:
             top_ns = [r.sampling_params.logprobs or 0 for r in requests]
             logprobs = token_logprobs(self._reported(raw, logits, batch), tokens, top_ns)
-        return SamplerOutput(tokens.tolist(), logprobs, batch.errors)
+        return SamplerOutput(tokens.tolist(), logprobs, batch.errors, batch.invalid_rows)
 
     def process(
         self, logits: torch.Tensor, requests: list[Request], in_place: bool = False
@@ -113,7 +116,7 @@ class Sampler:
         # Masks that together rule out every token (a grammar at a dead end, allowed_token_ids holding
         # only EOS before min_tokens): that request fails; its row is drawn from harmless zeros.
         for row in (logits.amax(dim=1) == float("-inf")).nonzero().flatten().tolist():
-            batch.fail(row, "choosing a token", ValueError(RULED_OUT))
+            batch.fail(row, "choosing a token", UnsatisfiableRequestError(RULED_OUT))
             logits[row] = 0.0
         return logits, batch
 

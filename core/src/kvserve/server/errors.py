@@ -2,9 +2,10 @@
 
 Status codes: 400 a request the engine cannot serve as asked (malformed JSON, out-of-range or
 non-finite values, over a server limit, a field kvserve cannot honour, too long for
-``max_model_len``), 401 a missing or wrong API key, 404 an unknown model or route, 413 a body
-over the size limit, 422 a body of the wrong shape (wrong types, unknown or missing fields), 429
-too many sequences in flight, 503 an engine that is not running.
+``max_model_len``, masks that together rule out every token, a grammar that does not compile),
+401 a missing or wrong API key, 404 an unknown model or route, 413 a body over the size limit,
+422 a body of the wrong shape (wrong types, unknown or missing fields), 429 too many sequences in
+flight, 503 an engine that is not running.
 """
 
 from __future__ import annotations
@@ -108,6 +109,9 @@ def as_openai_error(exc: Exception) -> OpenAIError:
         return exc
     if isinstance(exc, EngineDeadError):
         return engine_dead()
+    if isinstance(exc, RequestError) and getattr(exc.output, "invalid_request", False):
+        message = exc.output.error  # type: ignore[union-attr]  # its own parameters: the client may fix them
+        return OpenAIError(400, f"the request cannot be served as asked: {message}", code="invalid_request")
     if isinstance(exc, RequestError):  # the engine failed this request only, and logged why
         return OpenAIError(500, "the engine failed this request; the server log has the details", code="request_failed")
     logger.error("internal error while serving a request", exc_info=exc)
