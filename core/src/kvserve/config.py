@@ -35,9 +35,17 @@ class _Section(BaseModel):
 class ModelConfig(_Section):
     model: str | None = Field(None, description="HF directory or .gguf file; None: the embedded SmolLM2")
     tokenizer: str | None = Field(None, description="Tokenizer directory when it differs from the model's")
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = AUTO
-    max_model_len: PositiveInt | None = Field(None, description="None: the model's max_position_embeddings")
-    seed: int = 0
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        AUTO,
+        description="Weights' and activations' dtype; auto: the platform's default, or the first dtype the "
+        "quantization method runs on it",
+    )
+    max_model_len: PositiveInt | None = Field(
+        None, description="Most tokens of one sequence, prompt and output; None: the model's max_position_embeddings"
+    )
+    seed: int = Field(
+        0, description="Seeds the platform's random generators and the sampling of requests without their own seed"
+    )
     logprobs_mode: Literal["raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits"] = Field(
         "raw_logprobs",
         description="What logprobs report: the model's distribution (raw) or the one tokens are drawn from, after "
@@ -51,24 +59,34 @@ class ModelConfig(_Section):
 
 
 class CacheConfig(_Section):
-    block_size: PositiveInt | Literal["auto"] = AUTO
+    block_size: PositiveInt | Literal["auto"] = Field(
+        AUTO, description="Tokens per KV cache block; auto: the attention backend's default"
+    )
     num_kv_blocks: PositiveInt | None = Field(None, description="Exact block count; overrides the memory budget")
     kv_cache_memory: ByteSize | None = Field(None, description="KV cache budget, e.g. '2GiB'; None: platform's")
     kv_cache_memory_fraction: float | None = Field(
         None, gt=0, le=1, description="Share of device memory for the KV cache when no budget is set; None: platform's"
     )
     enable_prefix_caching: bool = Field(True, description="Reuse the KV of full blocks shared with earlier prompts")
-    kv_cache_manager: str = AUTO
+    kv_cache_manager: str = Field(
+        AUTO, description="Registered kv_cache_manager name; auto: the highest-priority one (paged)"
+    )
 
 
 class SchedulerConfig(_Section):
-    scheduler: str = AUTO
-    max_num_seqs: PositiveInt = 128
+    scheduler: str = Field(
+        AUTO, description="Registered scheduler name (fifo, priority); auto: the highest-priority one installed"
+    )
+    max_num_seqs: PositiveInt = Field(128, description="Most sequences running at once (in one step's batch)")
     max_n: PositiveInt = Field(
         128, description="Most completions one request may ask for (n per prompt); the server also caps n x prompts"
     )
-    max_num_batched_tokens: PositiveInt = 2048
-    enable_chunked_prefill: bool = True
+    max_num_batched_tokens: PositiveInt = Field(2048, description="Most tokens (prompt and decode) one step runs")
+    enable_chunked_prefill: bool = Field(
+        True,
+        description="Prefill a prompt over several steps when it does not fit one step's token budget; "
+        "off: a prompt waits until it fits a step whole",
+    )
     long_prefill_token_threshold: NonNegativeInt = Field(
         0,
         description="Most prompt tokens one request prefills in a step (0: no cap beyond max_num_batched_tokens); "
@@ -109,7 +127,11 @@ class SchedulerConfig(_Section):
 
 
 class AttentionConfig(_Section):
-    attention_backend: str = AUTO
+    attention_backend: str = Field(
+        AUTO,
+        description="Registered attention_backend name; auto: the first, the platform's preferences first, that "
+        "runs on its device and accepts the model",
+    )
 
 
 class CompilationConfig(_Section):
@@ -129,7 +151,11 @@ class CompilationConfig(_Section):
 
 
 class PlatformConfig(_Section):
-    platform: str = AUTO
+    platform: str = Field(
+        AUTO,
+        description="Registered platform name (cpu, cuda); auto: the highest-priority one that can run here "
+        "and that an installed attention backend runs on",
+    )
 
 
 class QuantizationConfig(_Section):

@@ -70,7 +70,12 @@ def read_config_file(path: Path) -> dict[str, Any]:
 def env_fields(environ: Mapping[str, str]) -> dict[str, str]:
     """``KVSERVE_MAX_NUM_SEQS=8`` -> ``{"max_num_seqs": "8"}``; only names of config fields are read,
     so unrelated variables such as ``KVSERVE_LOG_LEVEL`` are left alone. Pydantic parses the strings."""
-    return {name: environ[key] for name in FLAT_FIELDS if (key := ENV_PREFIX + name.upper()) in environ}
+    return {name: environ[key] for name in FLAT_FIELDS if (key := env_var(name)) in environ}
+
+
+def env_var(field: str) -> str:
+    """The environment variable of a flat config field: ``max_num_seqs`` -> ``KVSERVE_MAX_NUM_SEQS``."""
+    return ENV_PREFIX + field.upper()
 
 
 def parse_assignments(assignments: list[str]) -> dict[str, str]:

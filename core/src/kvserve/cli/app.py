@@ -13,10 +13,13 @@ from kvserve.errors import KvserveError
 app = typer.Typer(help="kvserve: a pluggable LLM inference and serving engine.", no_args_is_help=True)
 
 
-def main() -> None:
-    # Each command group lives in its own module and registers itself on import.
+def load_commands() -> None:
+    """Import every command module: each registers its commands on ``app``."""
     from kvserve.cli import bench, chat, check, generate, plugins, serve  # noqa: F401
 
+
+def main() -> None:
+    load_commands()
     try:
         app()
     except KvserveError as exc:

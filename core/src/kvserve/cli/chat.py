@@ -29,12 +29,14 @@ def chat(
     ),
     local: Annotated[bool, typer.Option("--local", help="Run the engine in this process instead of a server.")] = False,
     model: ModelOption = None,
-    api_key: Annotated[str | None, typer.Option(envvar="KVSERVE_API_KEY", help="The server's API key.")] = None,
+    server_api_key: Annotated[
+        str | None, typer.Option("--api-key", envvar="KVSERVE_API_KEY", help="The server's API key.")
+    ] = None,
     system: Annotated[str | None, typer.Option(help="A system prompt to start the conversation with.")] = None,
     max_tokens: Annotated[int, typer.Option(help="Most tokens per reply.")] = 512,
     temperature: float = 0.7,
     top_p: float = 1.0,
-    seed: Annotated[int | None, typer.Option(help="Sampling seed, for repeatable replies.")] = None,
+    sampling_seed: Annotated[int | None, typer.Option("--seed", help="Sampling seed, for repeatable replies.")] = None,
     config_file: ConfigFile = None,
     assignments: Assignments = None,
 ) -> None:
@@ -43,12 +45,14 @@ def chat(
     With a server, --model is the served model name (default: the server's first); with --local,
     it is the model to load, and --config/--set configure the engine.
     """
-    params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, output_kind="delta")
+    params = SamplingParams(
+        max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=sampling_seed, output_kind="delta"
+    )
     console = Console()
     if local:
         reply = _local_replier(resolve_config(config_file, assignments, model=model), params, console)
     else:
-        reply = _server_replier(url, model, api_key, params, console)
+        reply = _server_replier(url, model, server_api_key, params, console)
     _converse(reply, system, console)
 
 

@@ -39,8 +39,9 @@ ModelOption = Annotated[str | None, typer.Option(help="HF directory or .gguf fil
 
 def resolve_fields(config_file: Path | None, assignments: list[str] | None, **options: Any) -> dict[str, Any]:
     """Flat config fields: defaults < ``--config`` file < ``KVSERVE_*`` env vars < ``--set`` < named options
-    (None: not given)."""
-    return config_fields(config_file, {**parse_assignments(assignments or []), **options})
+    (None: not given, so a ``--set`` of the same field stands)."""
+    given = {name: value for name, value in options.items() if value is not None}
+    return config_fields(config_file, {**parse_assignments(assignments or []), **given})
 
 
 def resolve_config(config_file: Path | None, assignments: list[str] | None, **options: Any) -> EngineConfig:

@@ -80,8 +80,6 @@ def serve(
     Endpoints: /v1/completions, /v1/chat/completions, /v1/models, /health, /version, /tokenize,
     /detokenize, /metrics. Settings come from --config FILE, KVSERVE_* env vars, --set and options.
     """
-    from kvserve.server.runner import serve as run_server
-
     config = resolve_config(
         config_file, assignments, model=model, host=host, port=port, api_key=api_key,
         served_model_name=served_model_name, max_concurrent_sequences=max_concurrent_sequences,
@@ -92,4 +90,6 @@ def serve(
         structured_outputs_config=structured_outputs_config,
         optimization_level=optimization_level,
     )  # fmt: skip
+    from kvserve.server.runner import serve as run_server  # after the config: a bad one fails before the import
+
     run_server(config, log_level=log_level)
