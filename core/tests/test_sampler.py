@@ -338,6 +338,24 @@ def test_a_draw_never_lands_on_a_token_without_probability():
         assert set(Sampler(0)(logits, rows).tokens) <= {10, 11, 12}
 
 
+@settings(max_examples=50, deadline=None)
+@given(rows=st.integers(1, 4), vocab=st.integers(1, 200), seed=st.integers(0, 2**16))
+def test_the_host_and_device_unpacking_of_a_bitmask_agree(rows, vocab, seed):
+    """The CPU path (numpy) and the accelerator path (torch bit ops, run here on the CPU) read bit ``j`` of
+    word ``w`` as token ``32 * w + j``, sign bit included."""
+    from kvserve.interfaces.logits_constraint import bitmask_words
+    from kvserve.sampling.constraint_mask import banned_tokens, unpack_on_device
+
+    generator = torch.Generator().manual_seed(seed)
+    words = bitmask_words(vocab)
+    bitmask = torch.randint(-(2**31), 2**31, (rows, words), dtype=torch.int64, generator=generator).to(torch.int32)
+    host = banned_tokens(bitmask, vocab, torch.device("cpu"))
+    expected = torch.tensor(
+        [[not (int(bitmask[r, t // 32]) >> (t % 32)) & 1 for t in range(vocab)] for r in range(rows)]
+    ).view(rows, vocab)
+    assert torch.equal(host, expected) and torch.equal(unpack_on_device(bitmask, vocab), expected)
+
+
 def test_a_batch_constraint_mask_allowing_one_token_per_row_forces_it():
     """The first pipeline stage: each row's constraint allows one token (a different one per row, at
     word boundaries too); greedy and sampled rows alike emit it, and accepted tokens reach the constraint."""
