@@ -1,7 +1,16 @@
 """Building blocks for model plugins (importing this package imports torch)."""
 
-from kvserve.layers.activation import SiluAndMul
+from kvserve.layers.activation import GeluTanhAndMul, SiluAndMul, gated_activation
 from kvserve.layers.attention import PagedAttention, attention_layers
+from kvserve.layers.decoder import (
+    DecoderAttention,
+    DecoderForCausalLM,
+    DecoderLayer,
+    DecoderModel,
+    DecoderSpec,
+    GatedMLP,
+    head_dim_of,
+)
 from kvserve.layers.embedding import VocabEmbedding
 from kvserve.layers.kv_store import store_kv
 from kvserve.layers.layer_ops import LayerOpsModule, TorchLayerOps, use_layer_ops
@@ -20,6 +29,13 @@ from kvserve.layers.rotary import RotaryEmbedding
 
 __all__ = [
     "ColumnLinear",
+    "DecoderAttention",
+    "DecoderForCausalLM",
+    "DecoderLayer",
+    "DecoderModel",
+    "DecoderSpec",
+    "GatedMLP",
+    "GeluTanhAndMul",
     "LayerOpsModule",
     "LinearBase",
     "MergedColumnLinear",
@@ -34,6 +50,8 @@ __all__ = [
     "UnquantizedLinearMethod",
     "VocabEmbedding",
     "attention_layers",
+    "gated_activation",
+    "head_dim_of",
     "load_checkpoint",
     "pack_linear_weights",
     "store_kv",
