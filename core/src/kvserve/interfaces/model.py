@@ -21,7 +21,9 @@ class Model(Protocol):
     residual, ``hidden, residual = norm(hidden, residual)``, so a platform fuses the add; its
     ``add_and_norm`` where the stream starts at the first layer),
     ``RotaryEmbedding``, ``SiluAndMul`` and ``PagedAttention``, which calls the engine's attention
-    backend; ``load_checkpoint`` loads the weight stream into them.
+    backend; ``load_checkpoint`` loads the weight stream into them. A decoder-only causal LM
+    of the Llama kind subclasses ``kvserve.layers.DecoderForCausalLM`` and states only its
+    ``DecoderSpec`` (how it departs from the Llama layout).
     The engine constructs it on the target device with the default dtype already set.
 
     Tensor parallelism: a model class with ``supports_tensor_parallel = True`` is built on each
