@@ -5,7 +5,9 @@ Writes ``<stem>-throughput.png`` (output tokens/s and requests/s per concurrency
 the JSON, or in ``--out-dir``. Several JSON files (e.g. two dtypes, or a change and its base) share the
 axes, one line each, labelled by ``--label`` or their model and dtype.
 
-    python benchmarks/plot.py docs/perf/serving_sweep.json
+    python benchmarks/plot.py docs/perf/serving_sweep.json [--table]
+
+``--table`` also prints each file's figures as a markdown table (the one in ``docs/performance.md``).
 """
 
 from __future__ import annotations
@@ -92,11 +94,32 @@ def plot_latency(reports: list[tuple[str, dict]], path: Path) -> None:
     plt.close(fig)
 
 
+def markdown_table(report: dict) -> str:
+    """The figures as a markdown table, one row per level, with the share of the machine's CPU that other
+    processes took meanwhile (a quiet machine: about 0%)."""
+    cores = report["machine"]["cores"] or 1
+    lines = [
+        "| concurrent requests | requests | output tokens/s | TTFT p50 / p99 (ms) | TPOT p50 / p99 (ms) "
+        "| other processes' CPU share |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for run in report["runs"]:
+        summary = run["summary"]
+        foreign = run["foreign_cpu_s"] / (summary["duration_s"] * cores)
+        lines.append(
+            f"| {run['concurrency']} | {run['requests']} | {summary['output_throughput']:.1f} "
+            f"| {summary['p50_ttft_ms']:.0f} / {summary['p99_ttft_ms']:.0f} "
+            f"| {summary['p50_tpot_ms']:.1f} / {summary['p99_tpot_ms']:.1f} | {foreign:.0%} |"
+        )
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results", nargs="+", type=Path, help="serving_sweep.py JSON files")
     parser.add_argument("--label", action="append", help="one per file (default: model and dtype)")
     parser.add_argument("--out-dir", type=Path, help="default: the first file's folder")
+    parser.add_argument("--table", action="store_true", help="also print each file's figures as a markdown table")
     args = parser.parse_args()
     if args.label and len(args.label) != len(args.results):
         raise SystemExit(f"--label given {len(args.label)} times for {len(args.results)} files")
@@ -110,6 +133,9 @@ def main() -> None:
         path = out_dir / f"{first.stem}-{kind}.png"
         draw(pairs, path)
         print(f"wrote {path}")
+    if args.table:
+        for label, report in pairs:
+            print(f"\n{label}:\n\n{markdown_table(report)}")
 
 
 if __name__ == "__main__":
