@@ -8,7 +8,7 @@ than the caches), and prints the implied floor per step and the ceiling in gener
 for ``--batch`` sequences — the number no engine's decode can beat on this machine, to read
 kvserve's and its peers' throughput against.
 
-    python benchmarks/decode_roofline.py /work/peers_data/models/llama-100m --dtype bfloat16 --batch 32
+    python benchmarks/decode_roofline.py ~/.cache/kvserve-peers/models/llama-100m --dtype bfloat16 --batch 32
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
-"""Served throughput and TTFT with the engine core on a thread vs in its own process (issue 14).
+"""Served throughput and TTFT with the engine core on a thread vs in its own process.
 
 Paired and alternating on one machine: for each round, each mode in turn starts
 ``kvserve serve MODEL --port PORT --dtype bfloat16 --max-model-len 512 --served-model-name m
 [--engine-process]``, then runs the peers kit's non-streamed client (32 concurrent completions,
-output tok/s) under ``runmon.py`` (foreign CPU meanwhile), then ``kvserve bench serve`` (streamed, the
+output tok/s) under ``peers/runmon.py`` (foreign CPU meanwhile), then ``kvserve bench serve`` (streamed, the
 same 32 x 128 tokens: TTFT p50/p99), then stops the server. Prints one JSON line per run and the
 medians per mode.
 
@@ -24,8 +24,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-PEERS = Path("/work/shared/peers")
-DATA = Path("/work/peers_data")
+PEERS = Path(__file__).with_name("peers")  # the client and runmon.py
+DATA = Path(os.environ.get("KVSERVE_PEERS_DIR", Path.home() / ".cache/kvserve-peers"))  # benchmarks/peers/setup.sh
 KVSERVE = Path(sys.executable).with_name("kvserve")
 
 

@@ -10,7 +10,7 @@ tokens/s at the median, tokens per CPU second of this process (only one engine r
 the median over rounds of the step-time ratio to the first level, and whether the generated
 tokens equal the first level's.
 
-    python benchmarks/level_steps.py /work/peers_data/models/llama-100m --dtype float32
+    python benchmarks/level_steps.py ~/.cache/kvserve-peers/models/llama-100m --dtype float32
     python benchmarks/level_steps.py --dtype bfloat16 -O 0 -O 1   # embedded SmolLM2
 """
 

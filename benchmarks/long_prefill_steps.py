@@ -1,7 +1,7 @@
 """Decode step times while long prompts arrive: does chunked prefill keep the p99 step under 2x the median?
 
 ``--decodes`` short requests decode ``--decode-len`` tokens each; after ``--arrive-after`` steps,
-``--long`` prompts of ``--long-len`` random token ids arrive (as in issue 14: 4 prompts of ~3k
+``--long`` prompts of ``--long-len`` random token ids arrive (the case it was written for: 4 prompts of ~3k
 tokens while 28 sequences decode). Every ``LLMEngine.step`` is timed, and the scheduler's plan of
 the step is recorded (a wrapper around ``scheduler.schedule``) to tell decode-only steps from
 steps that also carry a prefill chunk. Reported over the steps that decode: median, p99, max,

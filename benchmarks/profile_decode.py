@@ -1,7 +1,7 @@
 """Where kvserve's offline decode spends its time: torch.profiler over ``LLM.generate``.
 
 Runs the peers' workload (``--workload``: JSON with ``prompts`` as token-id lists and
-``max_new_tokens``, an int or one per prompt; ``../shared/peers/make_workload.py`` writes it, and
+``max_new_tokens``, an int or one per prompt; ``benchmarks/peers/make_workload.py`` writes it, and
 ``vs_peers.py`` writes its chat mix as ``workload.json`` in its log folder) greedily with ``ignore_eos``
 after a warm-up, and prints the top operators by self CPU time with their share of the total.
 

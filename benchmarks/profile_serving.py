@@ -8,8 +8,8 @@ share of samples under each of a few buckets (the forward, sampling, scheduling,
 the event loop's per-token work...), the top self-time frames, and writes the raw collapsed stacks
 (``--out``, for speedscope or flamegraph.pl).
 
-    python benchmarks/profile_serving.py /work/peers_data/models/llama-100m \\
-        --workload /work/peers_data/workload.json
+    python benchmarks/profile_serving.py ~/.cache/kvserve-peers/models/llama-100m \\
+        --workload ~/.cache/kvserve-peers/workload.json
 """
 
 from __future__ import annotations
@@ -31,10 +31,7 @@ import httpx
 
 from kvserve.benchmarking.serving_client import run_serving_benchmark
 
-# The kit sits in ../shared/peers of the main checkout (a worktree under wt/ has it one level further up).
-KIT = next(
-    (k for up in Path(__file__).resolve().parents[1:4] if (k := up / "shared/peers").is_dir()), Path("shared/peers")
-)
+KIT = Path(__file__).with_name("peers")
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 BUCKETS = (  # (bucket, a substring of a frame "function (file)"); the first match from the leaf up wins
     ("forward", "model_runner.py"),

