@@ -38,7 +38,7 @@ class GGUFArchitectureContract(ComponentContract):
         if self.component_name() not in gguf.MODEL_ARCH_NAMES.values():
             violation(
                 f"GGUF architecture {self.component_name()!r} is not one the installed gguf knows "
-                f"(gguf.MODEL_ARCH_NAMES); register it under the general.architecture llama.cpp writes"
+                f"(gguf.MODEL_ARCH_NAMES); register it under the general.architecture its files carry"
             )
 
     def test_fix_config_reads_a_file_without_optional_metadata(self, component):
