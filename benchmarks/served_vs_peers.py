@@ -40,8 +40,8 @@ from pathlib import Path
 
 import httpx
 
-from kvserve.benchmarking.cpu_usage import CpuWindow, tree_cpu_seconds, wait_until_idle
-from kvserve.benchmarking.engine_env import engine_env
+from harness.cpu_usage import CpuWindow, tree_cpu_seconds, wait_until_idle
+from harness.engine_env import engine_env
 from kvserve.benchmarking.serving_client import run_serving_benchmark
 
 DEFAULT_KIT = Path(__file__).with_name("peers")

@@ -28,7 +28,7 @@ import time
 import httpx
 import torch
 
-from kvserve.benchmarking.hf_baseline import Timing, hf_generate, hf_generate_sequential, load_hf_model
+from harness.hf_baseline import Timing, hf_generate, hf_generate_sequential, load_hf_model
 from kvserve.benchmarking.percentile import percentile
 from kvserve.benchmarking.serving_client import run_serving_benchmark
 from kvserve.benchmarking.workload import chat_prompt_ids

@@ -36,7 +36,7 @@ import httpx
 import torch
 
 import kvserve
-from kvserve.benchmarking.cpu_usage import CpuWindow
+from harness.cpu_usage import CpuWindow
 from kvserve.benchmarking.serving_client import run_serving_benchmark
 
 PEERS_DIR = Path(os.environ.get("KVSERVE_PEERS_DIR", Path.home() / ".cache/kvserve-peers"))

@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 
-from kvserve.benchmarking.cpu_usage import CpuWindow
+from harness.cpu_usage import CpuWindow
 
 PHASES = """
 import json, sys, time

@@ -23,10 +23,10 @@ import time
 import torch
 
 from kvserve import LLM, SamplingParams
-from kvserve.native import cpu_name_and_flags
 from kvserve.plugins import get_plugin_manager, load_component
 from kvserve.request import Request
 from kvserve.sampling_params import StructuredOutputsParams
+from kvserve_cpu_native import cpu_name_and_flags
 
 SCHEMA = {
     "type": "object",

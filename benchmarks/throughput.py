@@ -11,8 +11,8 @@ import argparse
 
 import torch
 
+from harness.hf_baseline import hf_generate_batched, load_hf_model
 from kvserve import LLM
-from kvserve.benchmarking.hf_baseline import hf_generate_batched, load_hf_model
 from kvserve.benchmarking.offline import measure_throughput
 from kvserve.benchmarking.workload import chat_prompt_ids
 

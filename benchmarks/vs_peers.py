@@ -45,8 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from kvserve.benchmarking.cpu_usage import CpuWindow, tree_cpu_seconds, wait_until_idle
-from kvserve.benchmarking.engine_env import engine_env
+from harness.cpu_usage import CpuWindow, tree_cpu_seconds, wait_until_idle
+from harness.engine_env import engine_env
 
 WORKER = Path(__file__).with_name("peer_engine.py")
 DEFAULT_VLLM_VENV = Path(os.environ.get("KVSERVE_PEERS_DIR", Path.home() / ".cache/kvserve-peers")) / "vllm"

@@ -8,8 +8,8 @@ import pytest
 
 from kvserve import LLM, SamplingParams
 from kvserve.layers import LayerOpsModule, TorchLayerOps
-from kvserve.native import build_failure_reason
 from kvserve.testing.hf_models import build_tiny_model
+from kvserve_cpu_native import build_failure_reason
 from kvserve_platform_cpu.native_layer_ops import NativeLayerOps
 
 

@@ -199,6 +199,51 @@ def test_duplicate_names_name_both_packages_and_version_mismatch_names_the_packa
         manager.registry("scheduler").load("fifo2")
 
 
+def test_install_hints_come_from_package_metadata_and_the_naming_convention(monkeypatch):
+    """Core names no plugin package: what to install comes from the installed distributions' metadata and
+    the kvserve-<family>-<name> convention of kvserve's plugin distributions."""
+    manager = PluginManager()  # nothing discovered: every installed plugin distribution is "not loaded"
+    with pytest.raises(
+        PluginError,
+        match=r"no quantization method plugin installed: pip install kvserve-quant-awq "
+        r"\(installed here but not loaded: kvserve-quant-awq, kvserve-quant-fp8\)",
+    ):
+        manager.registry("quantization_method").load("awq")
+    body = """
+        from kvserve import hookimpl
+        @hookimpl
+        def register_attention_backends(register):
+            register("mine", "x:Y")
+        @hookimpl
+        def register_models(register):
+            register("MineForCausalLM", "x:Y")
+    """
+    manager.add_plugin(_module("mine", body), "mine", "pkg-mine", "1.0")
+    with pytest.raises(
+        PluginError,
+        match="unknown attention backend 'flash_attn'; available: mine; "
+        "if 'flash_attn' is one of kvserve's plugins: pip install kvserve-attention-flash-attn$",
+    ):
+        manager.registry("attention_backend").load("flash_attn")
+    with pytest.raises(
+        PluginError,
+        match=r"unknown model 'GPT2LMHeadModel'; available: MineForCausalLM; install the model plugin that "
+        r"implements it \(kvserve's are named kvserve-models-<model family>\)",
+    ):
+        manager.registry("model").load("GPT2LMHeadModel")
+    # Core's built-in kinds name no package.
+    with pytest.raises(PluginError, match="no reasoning parser plugin installed$"):
+        manager.registry("reasoning_parser").load("nope")
+    # An environment with no platform distribution at all: the convention and the default set.
+    monkeypatch.setattr("kvserve.registry.plugin_distributions", lambda: [])
+    with pytest.raises(
+        PluginError,
+        match=r"no platform plugin installed: install a kvserve-platform-<name> plugin "
+        r"\(pip install kvserve: core with the default plugins\)",
+    ):
+        manager.registry("platform").load("cpu")
+
+
 def test_importing_kvserve_and_discovering_plugins_does_not_import_torch():
     code = (
         "import sys, kvserve; from kvserve.plugins import get_plugin_manager; get_plugin_manager(); "

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from kvserve import LLM, SamplingParams
-from kvserve.native import build_failure_reason
 from kvserve.sampling.torch_kernel import TorchSamplingKernel
 from kvserve.testing.hf_models import build_tiny_model
+from kvserve_cpu_native import build_failure_reason
 from kvserve_platform_cpu.native_sampling import NativeSamplingKernel
 
 SAMPLED = SamplingParams(temperature=0.7, top_p=0.9, min_p=0.01, seed=3, max_tokens=12, ignore_eos=True)

@@ -75,7 +75,9 @@ class CacheConfig(_Section):
 
 class SchedulerConfig(_Section):
     scheduler: str = Field(
-        AUTO, description="Registered scheduler name (fifo, priority); auto: the highest-priority one installed"
+        AUTO,
+        description="Registered scheduler name (`kvserve plugins` lists them); auto: the highest-priority one "
+        "installed",
     )
     max_num_seqs: PositiveInt = Field(128, description="Most sequences running at once (in one step's batch)")
     max_n: PositiveInt = Field(
@@ -143,7 +145,7 @@ class CompilationConfig(_Section):
         ge=0,
         le=2,
         description="0: eager (quick start); 1: torch.compile, one graph per token bucket; "
-        "2: as 1 with inductor freezing (weights folded and prepacked for the CPU's GEMM libraries)",
+        "2: as 1 with inductor freezing (weights folded and prepacked for the GEMM libraries)",
     )
     compile_cache_dir: str | None = Field(
         None, description="Inductor's on-disk cache; None: $TORCHINDUCTOR_CACHE_DIR, else ~/.cache/kvserve/inductor"
@@ -153,8 +155,8 @@ class CompilationConfig(_Section):
 class PlatformConfig(_Section):
     platform: str = Field(
         AUTO,
-        description="Registered platform name (cpu, cuda); auto: the highest-priority one that can run here "
-        "and that an installed attention backend runs on",
+        description="Registered platform name (`kvserve plugins` lists them); auto: the highest-priority one that "
+        "can run here and that an installed attention backend runs on",
     )
 
 
@@ -174,8 +176,8 @@ class StructuredOutputsConfig(_Section):
 
     backend: str = Field(
         AUTO,
-        description="Registered structured_output_backend name; auto: xgrammar, falling back per request to "
-        "guidance for a constraint xgrammar cannot compile",
+        description="Registered structured_output_backend name; auto: the installed ones by priority, falling back "
+        "per request to the next for a constraint one cannot compile",
     )
     disable_fallback: bool = Field(False, description="With auto: refuse what the first backend cannot compile")
     disable_any_whitespace: bool = Field(
@@ -241,7 +243,7 @@ class ServerConfig(_Section):
     )
     reasoning_parser: str | None = Field(
         None,
-        description="Registered reasoning_parser name (deepseek_r1, qwen3): chat answers carry the model's "
+        description="Registered reasoning_parser name (`kvserve plugins` lists them): chat answers carry the model's "
         "reasoning as reasoning_content apart from content; None: off",
     )
 

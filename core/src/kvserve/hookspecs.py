@@ -74,3 +74,10 @@ def register_tool_parsers(register: Register) -> None:
 @hookspec
 def register_reasoning_parsers(register: Register) -> None:
     """Register :class:`kvserve.interfaces.ReasoningParser` classes under the name ``--reasoning-parser`` selects."""
+
+
+@hookspec
+def register_gguf_architectures(register: Register) -> None:
+    """Register :class:`kvserve.interfaces.GGUFArchitecture` classes under the GGUF ``general.architecture``
+    name (``"llama"``) whose files they read: the model plugin implementing an architecture says how
+    llama.cpp's files of it map onto the HF checkpoint (q/k row order, folded constants, dropped config)."""

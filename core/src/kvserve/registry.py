@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.metadata as md
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -13,19 +14,45 @@ T = TypeVar("T")
 PLUGIN_API_VERSION = 1
 """The plugin API this core implements; a registration written for another version is refused."""
 
-# Suggested distribution per kind, for "nothing of this kind is installed" errors.
-INSTALL_HINTS = {
-    "platform": "kvserve-platform-cpu",
-    "attention_backend": "kvserve-attention-cpu",
-    "model": "kvserve-models-llama",
-    "scheduler": "kvserve-scheduler-fifo",
-    "kv_cache_manager": "kvserve-core",
-    "quantization_method": "kvserve-quant-awq",
-    "logits_processor": "kvserve-core",
-    "structured_output_backend": "kvserve-structured-outputs-xgrammar",
-    "tool_parser": "kvserve-core",
-    "reasoning_parser": "kvserve-core",
+DISTRIBUTION_FAMILIES = {
+    "platform": "platform",
+    "attention_backend": "attention",
+    "model": "models",
+    "scheduler": "scheduler",
+    "quantization_method": "quant",
+    "structured_output_backend": "structured-outputs",
+    "gguf_architecture": "models",
 }
+"""The naming convention of kvserve's plugin distributions, per kind: ``kvserve-<family>-<name>``
+(``kvserve-attention-flash-attn`` registers the attention backend ``flash_attn``; a model
+distribution is named by its model family). The kinds left out are core's built-ins' alone."""
+
+DEFAULT_SET = "kvserve"
+"""The meta-distribution that installs core with the default plugin set."""
+
+
+def plugin_distributions() -> list[str]:
+    """The installed distributions that declare kvserve plugins (entry points in the ``kvserve`` group),
+    whether or not they are enabled or loaded: read from package metadata, nothing is imported."""
+    return sorted({ep.dist.name for ep in md.entry_points(group="kvserve") if ep.dist is not None})
+
+
+def install_hint(kind: str, name: str | None = None) -> str:
+    """What to install for a component of ``kind`` (named ``name``, or any when None), from the installed
+    packages' metadata and the naming convention (:data:`DISTRIBUTION_FAMILIES`); "" when nothing is known."""
+    family = DISTRIBUTION_FAMILIES.get(kind)
+    if family is None:
+        return ""
+    prefix = f"kvserve-{family}-"
+    if name is not None:
+        if kind in ("model", "gguf_architecture"):
+            return f"install the model plugin that implements it (kvserve's are named {prefix}<model family>)"
+        return f"if {name!r} is one of kvserve's plugins: pip install {prefix}{name.replace('_', '-')}"
+    present = [dist for dist in plugin_distributions() if dist.startswith(prefix)]
+    if present:
+        # Installed, but disabled (KVSERVE_PLUGINS, KVSERVE_DISABLE_PLUGINS) or failed to import.
+        return f"pip install {present[0]} (installed here but not loaded: {', '.join(present)})"
+    return f"install a {prefix}<name> plugin (pip install {DEFAULT_SET}: core with the default plugins)"
 
 
 @dataclass
@@ -86,13 +113,17 @@ class Registry(Generic[T]):
     def get(self, name: str) -> Registration:
         """The registration of ``name``; raises a PluginError listing the alternatives."""
         if not self._entries:
-            raise UnknownComponentError(
-                f"no {self.kind.replace('_', ' ')} plugin installed: pip install {INSTALL_HINTS[self.kind]}"
-            )
+            hint = install_hint(self.kind)
+            kind = self.kind.replace("_", " ")
+            raise UnknownComponentError(f"no {kind} plugin installed" + (f": {hint}" if hint else ""))
         reg = self._entries.get(name)
         if reg is None:
             available = ", ".join(sorted(self._entries)) or "none"
-            raise UnknownComponentError(f"unknown {self.kind.replace('_', ' ')} {name!r}; available: {available}")
+            hint = install_hint(self.kind, name)
+            kind = self.kind.replace("_", " ")
+            raise UnknownComponentError(
+                f"unknown {kind} {name!r}; available: {available}" + (f"; {hint}" if hint else "")
+            )
         if reg.problem:
             raise PluginError(reg.problem)
         return reg

@@ -2,7 +2,7 @@
 
 import pytest
 
-from kvserve.native import cpu_name_and_flags
+from kvserve_cpu_native import cpu_name_and_flags
 from kvserve_platform_cpu.cpu_info import native_bf16_feature
 from kvserve_platform_cpu.platform import CpuPlatform
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kvserve.layers import TorchLayerOps
-from kvserve.native import build_failure_reason
+from kvserve_cpu_native import build_failure_reason
 from kvserve_platform_cpu.native_layer_ops import NativeLayerOps, cpu_layer_ops
 
 pytestmark = pytest.mark.skipif(build_failure_reason() is not None, reason=f"no native build: {build_failure_reason()}")

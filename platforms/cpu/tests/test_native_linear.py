@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kvserve.native import cpu_name_and_flags
+from kvserve_cpu_native import cpu_name_and_flags
 from kvserve_platform_cpu import native_linear
 from kvserve_platform_cpu.native_linear import NativeLinearKernel, native_linear_kernel
 from kvserve_platform_cpu.onednn_linear import OneDnnLinearKernel, onednn_linear_kernel

@@ -1,2 +1,2 @@
-"""Benchmark building blocks shared by ``kvserve bench`` and ``benchmarks/``: workloads, offline runs,
-the serving load generator and the HF transformers baseline."""
+"""What ``kvserve bench`` measures with, shared with ``benchmarks/``: workloads, offline runs, the serving
+load generator and percentiles. Helpers only the benchmark scripts use live in ``benchmarks/harness``."""

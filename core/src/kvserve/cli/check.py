@@ -16,7 +16,7 @@ def check(
     names: Annotated[
         list[str] | None,
         typer.Argument(
-            help="Components to check: a name ('cpu'), kind:name ('attention_backend:cpu'), "
+            help="Components to check: a name ('my_backend'), kind:name ('attention_backend:my_backend'), "
             "a plugin (entry point) or a package name. Default: everything installed."
         ),
     ] = None,

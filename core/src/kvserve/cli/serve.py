@@ -57,7 +57,7 @@ def serve(
         ),
     ] = None,
     tool_call_parser: Annotated[
-        str | None, typer.Option(help="The parser of the model's tool calls: hermes, llama3_json, mistral, pythonic.")
+        str | None, typer.Option(help="The parser of the model's tool calls (`kvserve plugins` lists them).")
     ] = None,
     tool_parser_plugin: Annotated[
         str | None, typer.Option(help="A Python file of ToolParser classes, registered under their names.")
@@ -65,13 +65,15 @@ def serve(
     structured_outputs_config: Annotated[
         str | None,
         typer.Option(
-            help='Structured outputs as JSON, e.g. \'{"backend": "guidance", "disable_any_whitespace": true}\' '
-            "(backend: auto, xgrammar or guidance).",
+            help='Structured outputs as JSON, e.g. \'{"backend": "auto", "disable_any_whitespace": true}\' '
+            "(backend: auto or a registered structured_output_backend).",
         ),
     ] = None,
     reasoning_parser: Annotated[
         str | None,
-        typer.Option(help="Split chat answers' reasoning into reasoning_content: deepseek_r1, qwen3 or a plugin's."),
+        typer.Option(
+            help="Split chat answers' reasoning into reasoning_content (`kvserve plugins` lists the parsers)."
+        ),
     ] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn's log level.")] = "info",
 ) -> None:

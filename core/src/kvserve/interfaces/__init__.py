@@ -1,6 +1,7 @@
 """The interfaces plugins implement. Importing this package does not import torch."""
 
 from kvserve.interfaces.attention import AttentionBackend, AttentionBatch, AttentionSpec, LayerAttentionSpec
+from kvserve.interfaces.gguf_architecture import GGUFArchitecture, GGUFMetadata
 from kvserve.interfaces.kv_cache import KVCacheManager, KVCacheStats
 from kvserve.interfaces.layer_ops import LayerOps
 from kvserve.interfaces.linear_kernel import LinearKernel
@@ -24,6 +25,8 @@ __all__ = [
     "DeviceCapability",
     "ExtractedToolCalls",
     "FunctionCall",
+    "GGUFArchitecture",
+    "GGUFMetadata",
     "KVCacheManager",
     "KVCacheStats",
     "LayerAttentionSpec",

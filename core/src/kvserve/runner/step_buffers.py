@@ -21,8 +21,8 @@ class StepBuffer:
     def _allocate(self, size: int) -> None:
         self.host_tensor = torch.zeros(size, dtype=self.dtype, device="cpu")
         self.host = self.host_tensor.numpy()
-        on_cpu = self.target.type == "cpu"
-        self.device = self.host_tensor if on_cpu else torch.zeros(size, dtype=self.dtype, device=self.target)
+        on_host = self.target.type == "cpu"
+        self.device = self.host_tensor if on_host else torch.zeros(size, dtype=self.dtype, device=self.target)
 
     def ensure(self, size: int) -> None:
         """Room for ``size`` entries (reallocates, contents lost, when smaller)."""

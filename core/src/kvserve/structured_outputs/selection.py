@@ -7,6 +7,7 @@ import logging
 from kvserve.config import AUTO, StructuredOutputsConfig
 from kvserve.errors import PluginError
 from kvserve.plugins import get_plugin_manager, load_component
+from kvserve.registry import install_hint
 from kvserve.sampling_params import StructuredOutputsParams
 
 logger = logging.getLogger("kvserve")
@@ -28,10 +29,13 @@ def candidate_backends(config: StructuredOutputsConfig) -> list[str]:
     if not ordered:
         registry = get_plugin_manager().registry("structured_output_backend")
         unavailable = [f"{r.name} ({r.facts.get('unavailable') or r.problem})" for r in registry.entries()]
+        if unavailable:
+            raise PluginError(
+                f"structured outputs need a usable structured_output_backend plugin; "
+                f"installed but unusable: {', '.join(unavailable)}"
+            )
         raise PluginError(
-            "structured outputs need a structured_output_backend plugin: pip install "
-            "kvserve-structured-outputs-xgrammar"
-            + (f"; installed but unusable: {', '.join(unavailable)}" if unavailable else "")
+            f"structured outputs need a structured_output_backend plugin: {install_hint('structured_output_backend')}"
         )
     return ordered[:1] if config.disable_fallback else ordered
 

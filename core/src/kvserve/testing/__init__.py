@@ -11,7 +11,8 @@ component by its registry name; pytest then runs every check of the contract aga
 One contract per interface: :class:`PlatformContract`, :class:`AttentionBackendContract`,
 :class:`KVCacheManagerContract`, :class:`SchedulerContract`, :class:`ModelContract`,
 :class:`QuantizationMethodContract`, :class:`LogitsProcessorContract`,
-:class:`StructuredOutputBackendContract`, :class:`ToolParserContract` and :class:`ReasoningParserContract`.
+:class:`StructuredOutputBackendContract`, :class:`ToolParserContract`, :class:`ReasoningParserContract`
+and :class:`GGUFArchitectureContract`.
 ``kvserve plugins check`` runs the same suites against installed plugins. The package is also a pytest
 plugin (entry point ``pytest11: kvserve``).
 
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from kvserve.testing.check import contract_for
     from kvserve.testing.contracts.attention import AttentionBackendContract
+    from kvserve.testing.contracts.gguf_architecture import GGUFArchitectureContract
     from kvserve.testing.contracts.kv_cache import KVCacheManagerContract
     from kvserve.testing.contracts.logits_processor import LogitsProcessorContract
     from kvserve.testing.contracts.model import ModelContract
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
 
 _LAZY = {
     "AttentionBackendContract": "kvserve.testing.contracts.attention",
+    "GGUFArchitectureContract": "kvserve.testing.contracts.gguf_architecture",
     "KVCacheManagerContract": "kvserve.testing.contracts.kv_cache",
     "LogitsProcessorContract": "kvserve.testing.contracts.logits_processor",
     "ModelContract": "kvserve.testing.contracts.model",
@@ -53,6 +56,7 @@ _LAZY = {
 
 __all__ = [
     "AttentionBackendContract",
+    "GGUFArchitectureContract",
     "KVCacheManagerContract",
     "LogitsProcessorContract",
     "ModelContract",

@@ -299,7 +299,8 @@ class ReferenceAttentionBackend(AttentionBackend):
     """
 
     name = "reference"
-    device_types = ("cpu", "cuda")
+    # Plain torch ops: the host and whatever accelerator this torch build drives.
+    device_types = ("cpu", *(d.type for d in [torch.accelerator.current_accelerator()] if d is not None))
     supported_dtypes = ("float32", "bfloat16", "float16")
 
     def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:

@@ -84,8 +84,8 @@ def build_tiny_model(
         config_cls = getattr(model_cls, "config_class", None)
         if config_cls is None:
             raise ValueError(
-                f"unknown architecture {arch!r}: give a transformers model type ('llama') "
-                "or model class name ('LlamaForCausalLM')"
+                f"unknown architecture {arch!r}: give a transformers model type (a key of "
+                "transformers.CONFIG_MAPPING) or model class name (an attribute of transformers)"
             )
     known = set(config_cls().to_dict()) | set(config_cls.attribute_map)
     fields = {k: v for k, v in _BASE.items() if k in known}  # e.g. GPT-2 has no KV head count

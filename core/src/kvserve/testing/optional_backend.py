@@ -1,13 +1,16 @@
 """Checks for an attention backend whose kernels come from an optional library, run where the
-library may be missing (a CPU-only machine): it is listed with the reason, refused with it, and
-forcing it fails at start with it. Each check skips, saying why, where the library is present.
+library may be missing (a machine without the library's device): it is listed with the reason,
+refused with it on a platform it does not run on, and forcing it there fails at start with it.
+Each check skips, saying why, where the library is present.
 
 A plugin's test subclasses :class:`OptionalLibraryBackendChecks`::
 
-    class TestWithoutFlashAttn(OptionalLibraryBackendChecks):
-        backend = "flash_attn"
-        distribution = "kvserve-attention-flash-attn"
-        library = FLASH_ATTN
+    class TestWithoutMyLibrary(OptionalLibraryBackendChecks):
+        backend = "my_backend"
+        distribution = "my-kvserve-attention"
+        library = MY_LIBRARY
+        other_platform = "<a platform installed here that the backend does not run on>"
+        model_type = "<a transformers model type an installed model plugin serves>"
 """
 
 from __future__ import annotations
@@ -39,6 +42,10 @@ class OptionalLibraryBackendChecks:
     """Distribution of the plugin that registers it (how ``kvserve plugins`` names its row)."""
     library: ClassVar[OptionalLibrary]
     """The library the backend's ``required_library`` names."""
+    other_platform: ClassVar[str]
+    """Registry name of an installed platform whose device the backend does not run on."""
+    model_type: ClassVar[str]
+    """A transformers model type (``build_tiny_model``) an installed model plugin serves, for the engine check."""
 
     def missing(self) -> str:
         """The library's missing reason; skips the calling check where the library is usable."""
@@ -56,22 +63,30 @@ class OptionalLibraryBackendChecks:
         reason = self.library.missing_reason()
         assert ("ok" if reason is None else f"unavailable: {reason}") in line, line
 
-    def test_cpu_refusal_names_the_platform_and_the_missing_library(self):
+    def test_refusal_names_the_platform_and_the_missing_library(self):
         reason = self.missing()
         backend = load_component("attention_backend", self.backend)
+        platform = load_component("platform", self.other_platform)()
         spec = AttentionSpec(
-            8, 2, 128, torch.float16, backend.default_block_size, torch.device("cpu"), (LayerAttentionSpec(0.1),)
+            8, 2, 128, torch.float16, backend.default_block_size, platform.device(), (LayerAttentionSpec(0.1),)
         )
-        reasons = backend.unsupported_reasons(spec, load_component("platform", "cpu")())
-        assert f"platform 'cpu' not supported (runs on: {', '.join(backend.device_types)})" in reasons
+        reasons = backend.unsupported_reasons(spec, platform)
+        runs_on = ", ".join(backend.device_types)
+        assert f"platform {self.other_platform!r} not supported (runs on: {runs_on})" in reasons
         assert reason in reasons
 
-    def test_forcing_it_on_cpu_fails_at_start_with_the_reason(self, tmp_path: Path):
+    def test_forcing_it_on_another_platform_fails_at_start_with_the_reason(self, tmp_path: Path):
         from kvserve import LLM
         from kvserve.errors import ConfigError
         from kvserve.testing.hf_models import build_tiny_model
 
         reason = self.missing()
-        path = build_tiny_model("llama", tmp_path)
+        path = build_tiny_model(self.model_type, tmp_path)
         with pytest.raises(ConfigError, match=f"{self.backend}: .*{re.escape(reason)}"):
-            LLM(str(path), attention_backend=self.backend, max_model_len=64, num_kv_blocks=8)
+            LLM(
+                str(path),
+                platform=self.other_platform,
+                attention_backend=self.backend,
+                max_model_len=64,
+                num_kv_blocks=8,
+            )

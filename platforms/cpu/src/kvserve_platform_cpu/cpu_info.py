@@ -1,4 +1,4 @@
-"""Which native bfloat16 matmul instructions the host CPU has (its flags: :func:`kvserve.native.cpu_name_and_flags`)."""
+"""Which native bfloat16 matmul instructions the host CPU has (flags: :func:`kvserve_cpu_native.cpu_name_and_flags`)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The CPU platform's LayerOps: RMSNorm, add+RMSNorm, SiLU-and-mul and rotary as fused C++ operators.
 
-The kernels (``csrc/layer_ops.cpp``) are built on first use by ``kvserve.native`` (``-march=native``,
+The kernels (``csrc/layer_ops.cpp``) are built on first use by ``kvserve_cpu_native`` (``-march=native``,
 OpenMP; cached, so only a machine's first start pays the few seconds) and registered as
 ``torch.ops.kvserve_cpu_layer_ops.*``. Where they cannot be built, core's PyTorch ops run and the
 start-up line says why.
@@ -16,7 +16,7 @@ import torch
 
 from kvserve.interfaces import LayerOps
 from kvserve.layers import TorchLayerOps
-from kvserve.native import unavailable_reason
+from kvserve_cpu_native import unavailable_reason
 
 logger = logging.getLogger("kvserve")
 

@@ -14,7 +14,7 @@ it runs float32 and bfloat16 as float32 FMA, bfloat16 weights widened as they ar
 neither oneDNN nor ``F.linear`` has a fast bfloat16 path (5-7x slower at 32 rows; the sweep's
 figures are in ``csrc/linear.cpp``).
 
-Built on first use by :mod:`kvserve.native`; where it cannot be, oneDNN's kernel serves every dtype
+Built on first use by :mod:`kvserve_cpu_native`; where it cannot be, oneDNN's kernel serves every dtype
 and the start-up log says why.
 """
 
@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from kvserve.interfaces import LinearKernel
-from kvserve.native import unavailable_reason
+from kvserve_cpu_native import unavailable_reason
 
 logger = logging.getLogger("kvserve")
 

@@ -1,6 +1,6 @@
 """The CPU platform's SamplingKernel: the draw of each sampled row as one fused C++ pass.
 
-The kernel (``csrc/sampling.cpp``) is built on first use by ``kvserve.native`` (``-march=native``,
+The kernel (``csrc/sampling.cpp``) is built on first use by ``kvserve_cpu_native`` (``-march=native``,
 OpenMP; cached) and registered as ``torch.ops.kvserve_cpu_sampling.draw``. Where it cannot be
 built, core's PyTorch kernel runs and the start-up line says why.
 """
@@ -14,8 +14,8 @@ from typing import ClassVar
 import torch
 
 from kvserve.interfaces import SamplingKernel
-from kvserve.native import unavailable_reason
 from kvserve.sampling.torch_kernel import TorchSamplingKernel
+from kvserve_cpu_native import unavailable_reason
 
 logger = logging.getLogger("kvserve")
 

@@ -9,7 +9,7 @@ import psutil
 import torch
 
 from kvserve.interfaces import DeviceCapability, LayerOps, LinearKernel, Platform, SamplingKernel
-from kvserve.native import cpu_name_and_flags
+from kvserve_cpu_native import cpu_name_and_flags
 from kvserve_platform_cpu.cpu_info import native_bf16_feature
 
 # Without an explicit fraction the KV cache takes this share of available memory, capped,

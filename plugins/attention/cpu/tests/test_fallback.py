@@ -4,13 +4,13 @@ import pytest
 import torch
 
 from kvserve.interfaces import AttentionSpec, LayerAttentionSpec
-from kvserve.native import cpu_name_and_flags
 from kvserve.testing import AttentionBackendContract
 from kvserve.testing.attention_reference import build_batch
 from kvserve_attention_cpu import native_kernel
 from kvserve_attention_cpu.backend import CpuAttentionBackend
 from kvserve_attention_cpu.native_paged import NativePagedMetadata
 from kvserve_attention_cpu.torch_paged import TorchPagedMetadata
+from kvserve_cpu_native import cpu_name_and_flags
 
 
 @pytest.fixture

@@ -60,6 +60,8 @@ class TestWithoutFlashAttn(OptionalLibraryBackendChecks):
     backend = "flash_attn"
     distribution = "kvserve-attention-flash-attn"
     library = FLASH_ATTN
+    other_platform = "cpu"  # the library's kernels run on CUDA only
+    model_type = "llama"
 
     def test_the_reason_says_what_to_install(self):
         assert self.missing() == "flash-attn is not installed (pip install kvserve-attention-flash-attn[gpu])"

@@ -66,6 +66,8 @@ class TestWithoutFlashInfer(OptionalLibraryBackendChecks):
     backend = "flashinfer"
     distribution = "kvserve-attention-flashinfer"
     library = FLASHINFER
+    other_platform = "cpu"  # the library's kernels run on CUDA only
+    model_type = "llama"
 
     def test_the_reason_says_what_to_install(self):
         assert self.missing() == "flashinfer is not installed (pip install kvserve-attention-flashinfer[gpu])"

@@ -7,7 +7,7 @@ the larger Gemma 3 models have), Gemma 2's soft-capping of attention scores and 
 (caps small enough to bite on these random weights).
 """
 
-from kvserve.testing import ModelContract
+from kvserve.testing import GGUFArchitectureContract, ModelContract
 
 # Tiny models keep Gemma's mix: local layers, then a global one (layer_types from the pattern).
 GEMMA3_TINY = {
@@ -47,3 +47,12 @@ class TestGemma2(ModelContract):
         },
         "default-caps": {"num_hidden_layers": 3, "head_dim": 32, "sliding_window": 5},
     }
+
+
+class TestGemma3GGUF(GGUFArchitectureContract):
+    gguf_architecture = "gemma3"
+    hf_model_type = "gemma3_text"
+
+
+class TestGemma2GGUF(GGUFArchitectureContract):
+    gguf_architecture = "gemma2"

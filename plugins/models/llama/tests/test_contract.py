@@ -4,7 +4,7 @@ The config variants cover what the shared implementation switches on: GQA / MHA 
 tied embeddings, attention and MLP biases, Qwen3's decoupled head size and q/k norms.
 """
 
-from kvserve.testing import ModelContract
+from kvserve.testing import GGUFArchitectureContract, ModelContract
 
 
 class TestLlama(ModelContract):
@@ -33,3 +33,15 @@ class TestQwen2(ModelContract):
 class TestQwen3(ModelContract):
     architecture = "Qwen3ForCausalLM"
     config_variants = {"gqa": {}, "mha-bias": {"num_key_value_heads": 4, "attention_bias": True}}
+
+
+class TestLlamaGGUF(GGUFArchitectureContract):
+    gguf_architecture = "llama"
+
+
+class TestQwen2GGUF(GGUFArchitectureContract):
+    gguf_architecture = "qwen2"
+
+
+class TestQwen3GGUF(GGUFArchitectureContract):
+    gguf_architecture = "qwen3"

@@ -121,5 +121,9 @@ def test_unsupported_gguf_architecture_is_named(tmp_path):
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(ModelLoadError, match="GGUF architecture 'gpt2' is not supported"):
+    with pytest.raises(ModelLoadError, match="GGUF architecture 'gpt2' is not supported") as error:
         open_model(str(file))
+    # It says which architectures the installed model plugins read, and from which package.
+    assert "llama (kvserve-models-llama)" in str(error.value)
+    assert "gemma3 (kvserve-models-gemma)" in str(error.value)
+    assert "register_gguf_architectures" in str(error.value)

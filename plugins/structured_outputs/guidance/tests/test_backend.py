@@ -15,7 +15,7 @@ from kvserve.config import StructuredOutputsConfig
 from kvserve.errors import PluginError
 from kvserve.interfaces.logits_constraint import bitmask_words
 from kvserve.structured_outputs import StructuredOutputsParams
-from kvserve.testing.contracts.structured_output import smollm2_tokenizer
+from kvserve.testing.contracts.structured_output import embedded_model_tokenizer
 from kvserve_structured_outputs_guidance import backend as guidance_backend
 from kvserve_structured_outputs_guidance import plugin
 from kvserve_structured_outputs_guidance.backend import GuidanceBackend
@@ -26,7 +26,7 @@ CONFIG = StructuredOutputsConfig()
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return smollm2_tokenizer()
+    return embedded_model_tokenizer()
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import pytest
 from kvserve.config import StructuredOutputsConfig
 from kvserve.errors import PluginError
 from kvserve.structured_outputs import StructuredOutputsParams
-from kvserve.testing.contracts.structured_output import smollm2_tokenizer
+from kvserve.testing.contracts.structured_output import embedded_model_tokenizer
 from kvserve_structured_outputs_xgrammar import backend as xgrammar_backend
 from kvserve_structured_outputs_xgrammar import plugin
 from kvserve_structured_outputs_xgrammar.backend import XgrammarBackend
@@ -23,7 +23,7 @@ CONFIG = StructuredOutputsConfig()
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return smollm2_tokenizer()
+    return embedded_model_tokenizer()
 
 
 @pytest.fixture(scope="module")

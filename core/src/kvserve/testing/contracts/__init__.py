@@ -54,6 +54,12 @@ CONTRACTS: dict[str, ContractInfo] = {
             "ReasoningParserContract",
             "reasoning_parser",
         ),
+        ContractInfo(
+            "gguf_architecture",
+            "kvserve.testing.contracts.gguf_architecture",
+            "GGUFArchitectureContract",
+            "gguf_architecture",
+        ),
     )
 }
 """Plugin kind -> its contract (every kind of ``kvserve.plugins.KINDS`` has one)."""

@@ -201,9 +201,9 @@ class AttentionBackendContract(ComponentContract):
       counts at least that, ``allocate_kv_cache`` gives one cache per layer).
 
     Tests run on the first installed, available platform whose device type the backend
-    supports (or :attr:`platform_name`); without one they are skipped with the reason. A Triton
-    backend sets :attr:`interpreter_on_cpu` to run on the CPU platform in Triton's interpreter
-    when no GPU platform is available.
+    supports (or :attr:`platform_name`); without one they are skipped with the reason. A backend
+    whose kernels an interpreter can run on the host sets :attr:`host_interpreter_env` to run there
+    when no accelerator platform is available.
     """
 
     kind = "attention_backend"
@@ -216,12 +216,15 @@ class AttentionBackendContract(ComponentContract):
     probe_head_sizes: ClassVar[tuple[int, ...]] = (32, 80, 256)
     """Less common head sizes: served correctly, or refused with a reason naming the size."""
     dtypes: ClassVar[tuple[str, ...]] = ("float32", "bfloat16")
-    interpreter_on_cpu: ClassVar[bool] = False
-    """For a Triton backend: when no GPU platform is available, run on the CPU platform in
-    Triton's interpreter instead of skipping. ``TRITON_INTERPRET=1`` is then set before the
-    backend is loaded (triton reads it when each ``@triton.jit`` is defined); the backend keeps
-    ``"cpu"`` out of its ``device_types`` (so ``auto`` never picks it on a CPU) and accepts the CPU
-    platform in ``unsupported_reasons`` only while that variable is set."""
+    host_interpreter_env: ClassVar[dict[str, str]] = {}
+    """For a backend whose kernels an interpreter can run on the host (a kernel language's own
+    interpreter, switched on by environment variables): when no accelerator platform is available,
+    these variables are set before the backend is loaded and it runs on the host platform instead of
+    skipping. The backend keeps the host device type out of its ``device_types`` (so ``auto`` never
+    picks it there) and accepts the host platform in ``unsupported_reasons`` only while they are set."""
+    host_interpreter_modules: ClassVar[tuple[str, ...]] = ()
+    """Modules that read :attr:`host_interpreter_env` once, when imported: already imported, the
+    switch fails saying so (set the variables in the environment or a conftest.py instead)."""
     tolerances: ClassVar[dict[str, tuple[float, float]]] = {
         "float32": (2e-5, 2e-5),
         "bfloat16": (2e-2, 2e-2),
@@ -256,10 +259,10 @@ class AttentionBackendContract(ComponentContract):
     # -- fixtures and helpers --------------------------------------------------------------
     @classmethod
     def load_component(cls) -> type[AttentionBackend]:
-        """The backend class; with :attr:`interpreter_on_cpu` and no GPU platform, loaded with
-        Triton's interpreter switched on."""
-        if cls.interpreter_on_cpu:
-            _interpreter_unless_gpu()
+        """The backend class; with :attr:`host_interpreter_env` and no accelerator platform, loaded
+        with the interpreter switched on."""
+        if cls.host_interpreter_env:
+            _interpreter_unless_accelerator(cls.host_interpreter_env, cls.host_interpreter_modules)
         return super().load_component()
 
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
@@ -302,7 +305,7 @@ class AttentionBackendContract(ComponentContract):
         tried = []
         for name in names:
             platform_cls = load_component("platform", name)
-            interpreted = cls.interpreter_on_cpu and platform_cls.device_type == "cpu" and _interpreter_on()
+            interpreted = platform_cls.device_type == "cpu" and _interpreter_on(cls.host_interpreter_env)
             if platform_cls.device_type not in component.device_types and not interpreted:
                 tried.append(f"{name}: device type {platform_cls.device_type!r}")
                 continue
@@ -747,14 +750,14 @@ def many_sequences(count: int, block_size: int, seed: int) -> list[tuple[int, in
     return seqs
 
 
-def _interpreter_on() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
+def _interpreter_on(env: dict[str, str]) -> bool:
+    return bool(env) and all(os.environ.get(key) == value for key, value in env.items())
 
 
-def _interpreter_unless_gpu() -> None:
-    """Switch on Triton's interpreter (``TRITON_INTERPRET=1``) unless a platform other than the
-    CPU is available: the knob :attr:`AttentionBackendContract.interpreter_on_cpu`."""
-    if _interpreter_on():
+def _interpreter_unless_accelerator(env: dict[str, str], modules: tuple[str, ...]) -> None:
+    """Set ``env`` (a kernel interpreter's switch) unless a platform other than the host is available:
+    the knob :attr:`AttentionBackendContract.host_interpreter_env`."""
+    if _interpreter_on(env):
         return
     for name in get_plugin_manager().registry("platform").names():
         try:
@@ -763,13 +766,15 @@ def _interpreter_unless_gpu() -> None:
             continue
         if platform_cls.device_type != "cpu" and platform_cls.unavailable_reason() is None:
             return
-    if "triton" in sys.modules:
-        # triton's own tl.max, tl.sum... were compiled-mode @jit functions: interpreted kernels would fail
+    imported = [module for module in modules if module in sys.modules]
+    if imported:
+        # their kernels were defined in compiled mode: interpreted launches would fail
+        switch = " ".join(f"{key}={value}" for key, value in env.items())
         raise RuntimeError(
-            "interpreter_on_cpu: triton was imported before TRITON_INTERPRET=1 could be set; set it in "
-            "the environment (or a conftest.py) before anything imports triton"
+            f"host_interpreter_env: {', '.join(imported)} was imported before {switch} could be set; set it "
+            "in the environment (or a conftest.py) before anything imports it"
         )
-    os.environ["TRITON_INTERPRET"] = "1"
+    os.environ.update(env)
 
 
 GARBAGE = 50.0

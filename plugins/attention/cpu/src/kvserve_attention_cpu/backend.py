@@ -1,6 +1,6 @@
 """The ``cpu`` attention backend: paged attention on the host, a C++ kernel where one can be built.
 
-Where the C++ operators build (a compiler and ninja: see :mod:`kvserve.native`), every sequence
+Where the C++ operators build (a compiler and ninja: see :mod:`kvserve_cpu_native`), every sequence
 of a step, decode or prefill chunk, reads the cache in place through the block tables, and each
 layer's new K/V rows are written by one op (:mod:`.native_paged`); otherwise the plain PyTorch
 path of the base class runs everything (:mod:`.torch_paged`). :meth:`kernels` says which runs,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvserve import native
+import kvserve_cpu_native as native
 
 LIBRARY = "kvserve_attention_cpu"
 SOURCES = (Path(__file__).with_name("paged_attention.cpp"), Path(__file__).with_name("cache_write.cpp"))
@@ -12,5 +12,5 @@ SOURCES = (Path(__file__).with_name("paged_attention.cpp"), Path(__file__).with_
 
 def unavailable_reason() -> str | None:
     """None once ``torch.ops.kvserve_attention_cpu`` (``paged_attention_out``, ``write_kv``) is loaded in this process
-    (building it if needed); else why it cannot be (see :func:`kvserve.native.unavailable_reason`)."""
+    (building it if needed); else why it cannot be (see :func:`kvserve_cpu_native.unavailable_reason`)."""
     return native.unavailable_reason(LIBRARY, SOURCES)

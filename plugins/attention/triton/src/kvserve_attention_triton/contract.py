@@ -7,6 +7,7 @@ from kvserve.testing import AttentionBackendContract
 class TritonAttentionContract(AttentionBackendContract):
     """Every dtype the backend claims; without a GPU, the kernels run under ``TRITON_INTERPRET=1``."""
 
-    interpreter_on_cpu = True
+    host_interpreter_env = {"TRITON_INTERPRET": "1"}  # read when each @triton.jit is defined
+    host_interpreter_modules = ("triton",)
     dtypes = ("float32", "bfloat16", "float16")
     probe_head_sizes = (32, 80, 96, 256)

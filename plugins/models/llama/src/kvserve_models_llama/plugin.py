@@ -11,3 +11,11 @@ def register_models(register: Register) -> None:
     register("MistralForCausalLM", "kvserve_models_llama.model:MistralForCausalLM")
     register("Qwen2ForCausalLM", "kvserve_models_llama.model:Qwen2ForCausalLM")
     register("Qwen3ForCausalLM", "kvserve_models_llama.model:Qwen3ForCausalLM")
+
+
+@hookimpl
+def register_gguf_architectures(register: Register) -> None:
+    """The llama.cpp architectures of those models (Mistral's GGUF files say ``"llama"``)."""
+    register("llama", "kvserve_models_llama.gguf:LlamaGGUF")
+    register("qwen2", "kvserve_models_llama.gguf:Qwen2GGUF")
+    register("qwen3", "kvserve_models_llama.gguf:Qwen3GGUF")

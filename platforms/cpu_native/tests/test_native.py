@@ -1,4 +1,4 @@
-"""kvserve.native: a plugin's C++ operators built with the real compiler, cached, and refused clearly."""
+"""kvserve_cpu_native: a plugin's C++ operators built with the real compiler, cached, and refused clearly."""
 
 from __future__ import annotations
 
@@ -9,7 +9,13 @@ import sys
 import pytest
 import torch
 
-from kvserve.native import NativeBuildError, build_failure_reason, cache_directory, load_operators, unavailable_reason
+from kvserve_cpu_native import (
+    NativeBuildError,
+    build_failure_reason,
+    cache_directory,
+    load_operators,
+    unavailable_reason,
+)
 
 pytestmark = pytest.mark.skipif(build_failure_reason() is not None, reason=f"no native build: {build_failure_reason()}")
 
@@ -81,7 +87,7 @@ def test_a_build_killed_midway_does_not_block_the_next_start(tmp_path):
     source = tmp_path / "scale.cpp"
     source.write_text(SCALE_SOURCE)
     script = (
-        "import sys, torch; from pathlib import Path; from kvserve.native import cache_directory, load_operators\n"
+        "import sys, torch; from pathlib import Path; from kvserve_cpu_native import cache_directory, load_operators\n"
         "build = cache_directory() / 'kvserve_native_test'; build.mkdir(parents=True)\n"
         "(build / 'lock').touch()  # as a killed builder leaves it\n"
         "load_operators('kvserve_native_test', (Path(sys.argv[1]),))\n"

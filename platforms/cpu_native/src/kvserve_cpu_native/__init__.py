@@ -1,5 +1,8 @@
 """C++ operators a plugin ships as source, built on first use and cached on disk.
 
+The CPU build machinery the CPU platform and the CPU attention backend share (a package of its own
+so that kvserve-core names no device or instruction set).
+
 A plugin keeps its kernels as ``.cpp`` files that register ``torch.library`` operators
 (``TORCH_LIBRARY(namespace, m)``); :func:`load_operators` compiles them with torch's own JIT
 extension build (``torch.utils.cpp_extension.load``: the installed torch's headers and ABI, ninja,

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from kvserve.benchmarking.cpu_usage import CpuWindow, busy_cpu_seconds, tree_cpu_seconds, wait_until_idle
-from kvserve.benchmarking.engine_env import engine_env
+from harness.cpu_usage import CpuWindow, busy_cpu_seconds, tree_cpu_seconds, wait_until_idle
+from harness.engine_env import engine_env
 from kvserve.benchmarking.workload import mixed_chat_prompt_ids
 from kvserve.testing.hf_models import build_tokenizer
 
