@@ -91,7 +91,7 @@ port = 8001
 **Environment variables**: `{prefix}` and the field's name in capitals, read by the commands below
 (not by `LLM` or `EngineConfig`). Only names of config fields are read, and the text is parsed as the
 field's type: booleans as `true`/`false`, `1`/`0`, `on`/`off`; sizes as a number of bytes or as `2GiB`;
-`structured_outputs_config` as JSON. A list (`logits_processors`) cannot come from the environment or
+`structured_outputs_config` and `override_generation_config` as JSON. A list (`logits_processors`) cannot come from the environment or
 `--set`: use Python or a file. `KVSERVE_API_KEY=` (set but empty) means no key.
 
 ```bash
