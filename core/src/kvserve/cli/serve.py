@@ -82,7 +82,7 @@ def serve(
     ] = None,
     override_generation_config: Annotated[
         str | None,
-        typer.Option(help='Sampling defaults as JSON, merged over generation_config\'s, e.g. \'{"temperature": 0.5}\'.'),
+        typer.Option(help="Sampling defaults as JSON over generation_config's, e.g. '{\"temperature\": 0.5}'."),
     ] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn's log level.")] = "info",
 ) -> None:

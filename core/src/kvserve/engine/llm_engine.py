@@ -6,7 +6,6 @@ import functools
 import logging
 import time
 from contextlib import suppress
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -141,7 +140,8 @@ class LLMEngine:
         """EOS ids as HF ``generate`` sees them: generation_config.json (the ``generation_config``
         folder's when one is named, as vLLM), else config, else tokenizer."""
         eos = getattr(self.hf_config, "eos_token_id", None)
-        eos = read_generation_config(generation_config_folder(self.config.model, source.path)).get("eos_token_id") or eos
+        folder = generation_config_folder(self.config.model, source.path)
+        eos = read_generation_config(folder).get("eos_token_id") or eos
         if eos is None:
             eos = self.tokenizer.eos_token_id
         return (eos,) if isinstance(eos, int) else tuple(eos or ())
