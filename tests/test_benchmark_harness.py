@@ -1,5 +1,5 @@
 """The benchmark helpers the peers comparisons rely on: CPU accounting from /proc, waiting for idle engines, the
-engines' environment, and the mixed chat workload."""
+engines' environment, the mixed chat workload, the sampling mix and the machine's ISA."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ import pytest
 
 from harness.cpu_usage import CpuWindow, busy_cpu_seconds, tree_cpu_seconds, wait_until_idle
 from harness.engine_env import engine_env
+from harness.sampling_mix import DEFAULT_SAMPLING_MIX, describe_mode, machine_isa, parse_sampling_mix
 from kvserve.benchmarking.workload import mixed_chat_prompt_ids
+from kvserve_cpu_native import cpu_name_and_flags
 from kvserve.testing.hf_models import build_tokenizer
 
 SPIN = "import time\nend = time.process_time() + 0.5\nwhile time.process_time() < end: pass\ntime.sleep(30)"
@@ -84,3 +86,26 @@ def test_mixed_chat_prompts_are_seeded_and_of_mixed_lengths(tmp_path):
     assert mixed_chat_prompt_ids(tokenizer, 16, seed=3) == prompts
     assert mixed_chat_prompt_ids(tokenizer, 16, seed=4) != prompts
     assert tokenizer.decode(prompts[0]).endswith("<user>Write a short poem about the ocean.\n<assistant>")
+
+
+def test_sampling_mix_names_its_modes_and_refuses_unknown_ones():
+    modes = parse_sampling_mix("t07p09, greedy,t07p09")
+    assert modes == {"t07p09": {"temperature": 0.7, "top_p": 0.9}, "greedy": {"temperature": 0.0, "top_p": 1.0}}
+    assert parse_sampling_mix(DEFAULT_SAMPLING_MIX).keys() == {"greedy", "t1", "t07p09"}
+    assert [describe_mode(m) for m in ("greedy", "t1", "t07p09")] == [
+        "greedy (temperature=0)", "t1 (temperature=1)", "t07p09 (temperature=0.7, top_p=0.9)",
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match=r"unknown modes \['t2'\]; choose from greedy, t1, t07p09"):
+        parse_sampling_mix("greedy,t2")
+
+
+def test_machine_isa_names_the_widest_matmul_extension():
+    name, flags = cpu_name_and_flags()
+    isa = machine_isa()
+    assert isa.startswith(name)
+    if "amx_bf16" in flags:
+        assert "AMX" in isa
+    elif "avx512f" in flags:
+        assert "AVX-512" in isa and "no AMX" in isa and ("BF16" in isa) == ("avx512_bf16" in flags)
+    elif "avx2" in flags:
+        assert "AVX2, no AVX-512" in isa

@@ -146,5 +146,5 @@ def test_metrics_expose_engine_and_request_series(client: openai.OpenAI, http: h
 
 def test_chat_without_max_tokens_may_use_the_whole_context() -> None:
     request = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}])
-    assert request.sampling_params().max_tokens is None  # as OpenAI: up to the context length, not 16
-    assert CompletionRequest(prompt="hi").sampling_params().max_tokens == 16  # the legacy default
+    assert request.sampling_params({}).max_tokens is None  # as OpenAI: up to the context length, not 16
+    assert CompletionRequest(prompt="hi").sampling_params({}).max_tokens == 16  # the legacy default

@@ -192,3 +192,18 @@ def test_structured_outputs_config_is_json_on_the_command_line(monkeypatch):
     assert chosen.backend == "guidance" and chosen.disable_any_whitespace and not chosen.disable_fallback
     result = CliRunner().invoke(app, ["serve", "--structured-outputs-config", '{"backnd": "x"}'])
     assert result.exit_code != 0 and "structured_outputs_config.backnd" in str(result.exception)
+
+
+def test_generation_config_options_reach_the_config(monkeypatch, tmp_path: Path) -> None:
+    started = {}
+    monkeypatch.setattr("kvserve.server.runner.serve", lambda config, log_level: started.update(config=config))
+    (tmp_path / "generation_config.json").write_text('{"temperature": 0.5}')
+    options = ["--generation-config", str(tmp_path), "--override-generation-config", '{"top_p": 0.9}']
+    result = CliRunner().invoke(app, ["serve", *options])
+    assert result.exit_code == 0, result.output
+    model = started["config"].model
+    assert (model.generation_config, model.override_generation_config) == (str(tmp_path), {"top_p": 0.9})
+    result = CliRunner().invoke(app, ["serve", "--generation-config", str(tmp_path / "nowhere")])
+    assert result.exit_code != 0 and "model.generation_config" in str(result.exception)
+    result = CliRunner().invoke(app, ["serve", "--override-generation-config", '{"temprature": 0.5}'])
+    assert result.exit_code != 0 and "unknown keys ['temprature']" in str(result.exception)

@@ -155,7 +155,7 @@ def _body(endpoint: str, fields: dict[str, Any], stream: bool = False) -> dict[s
 def _params(endpoint: str, fields: dict[str, Any], stream: bool) -> SamplingParams:
     """What the server makes of the body: parsed as it parses it, then converted."""
     model: type[GenerationRequest] = CompletionRequest if endpoint == "completions" else ChatCompletionRequest
-    return model.model_validate_json(json.dumps(_body(endpoint, fields, stream))).sampling_params()
+    return model.model_validate_json(json.dumps(_body(endpoint, fields, stream))).sampling_params({})
 
 
 @pytest.mark.parametrize("stream", [False, True])

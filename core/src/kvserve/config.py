@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import (
@@ -22,6 +23,10 @@ from pydantic import (
 from kvserve.errors import ConfigError
 
 AUTO = "auto"
+NO_GENERATION_CONFIG = "vllm"
+"""``generation_config`` that ignores the model's sampling defaults (vLLM's name for its own neutral ones)."""
+GENERATION_CONFIG_FIELDS = ("repetition_penalty", "temperature", "top_k", "top_p", "min_p", "max_new_tokens")
+"""The fields of a ``generation_config.json`` that become requests' sampling defaults (vLLM's list)."""
 
 SERVING_MAX_DECODE_SLOWDOWN = 2.0
 """``max_decode_slowdown`` when ``auto`` and serving: a step that decodes takes at most twice a
@@ -56,6 +61,44 @@ class ModelConfig(_Section):
         description="Batch-level logits processors every step runs (vLLM v1's interface): registered "
         "logits_processor plugin names, 'module:Class' strings, or LogitsProcessor classes",
     )
+    generation_config: str = Field(
+        AUTO,
+        description="Where the sampling defaults of requests that leave them unset come from (temperature, top_p, "
+        "top_k, min_p, repetition_penalty; max_new_tokens caps max_tokens), as vLLM: auto: the model's "
+        "generation_config.json; vllm: none (temperature 1, no top-p/top-k/min-p, no penalty); or a folder "
+        "holding a generation_config.json",
+    )
+    override_generation_config: dict[str, float | int] = Field(
+        default_factory=dict,
+        description="Sampling defaults merged over generation_config's (JSON text or a mapping), e.g. "
+        "'{\"temperature\": 0.5}'; keys: " + ", ".join(GENERATION_CONFIG_FIELDS),
+    )
+
+    @field_validator("generation_config")
+    @classmethod
+    def _generation_config_folder(cls, value: str) -> str:
+        if value not in (AUTO, NO_GENERATION_CONFIG) and not (Path(value) / "generation_config.json").is_file():
+            raise ValueError(f"expected auto, vllm or a folder holding a generation_config.json; {value} has none")
+        return value
+
+    @field_validator("override_generation_config", mode="before")
+    @classmethod
+    def _override_json_text(cls, value: Any) -> Any:
+        # --override-generation-config '{"temperature": 0.5}' and KVSERVE_* env vars arrive as text.
+        if not isinstance(value, str):
+            return value
+        try:
+            return json.loads(value)
+        except ValueError as exc:
+            raise ValueError(f"not JSON: {exc}") from None
+
+    @field_validator("override_generation_config")
+    @classmethod
+    def _known_generation_fields(cls, value: dict[str, float | int]) -> dict[str, float | int]:
+        unknown = sorted(set(value) - set(GENERATION_CONFIG_FIELDS))
+        if unknown:
+            raise ValueError(f"unknown keys {unknown}; known: {', '.join(GENERATION_CONFIG_FIELDS)}")
+        return value
 
 
 class CacheConfig(_Section):

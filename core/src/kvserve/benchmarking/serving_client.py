@@ -15,6 +15,7 @@ import random
 import statistics
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from tqdm.auto import tqdm
 
@@ -79,10 +80,10 @@ class ServingResult:
 
 
 async def _one_request(
-    client: httpx.AsyncClient, model: str | None, prompt: str | list[int], output_len: int
+    client: httpx.AsyncClient, model: str | None, prompt: str | list[int], output_len: int, sampling: dict[str, Any]
 ) -> RequestResult:
     body = {
-        "model": model, "prompt": prompt, "max_tokens": output_len, "temperature": 0, "ignore_eos": True,
+        "model": model, "prompt": prompt, "max_tokens": output_len, **sampling, "ignore_eos": True,
         "stream": True, "stream_options": {"include_usage": True},
     }  # fmt: skip
     result = RequestResult(ok=False)
@@ -127,8 +128,11 @@ async def run_serving_benchmark(
     api_key: str | None = None,
     seed: int = 0,
     progress: bool = True,
+    sampling: dict[str, Any] | None = None,
 ) -> ServingResult:
-    """Send every prompt once; ``request_rate`` requests/s on average (inf: all at once)."""
+    """Send every prompt once; ``request_rate`` requests/s on average (inf: all at once). ``sampling``:
+    the requests' sampling fields (e.g. ``{"temperature": 0.7, "top_p": 0.9}``); None: greedy."""
+    sampling = {"temperature": 0} if sampling is None else sampling
     rng = random.Random(seed)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     limit = asyncio.Semaphore(max_concurrency or len(prompts))
@@ -138,7 +142,7 @@ async def run_serving_benchmark(
 
         async def send(prompt: str | list[int]) -> RequestResult:
             async with limit:
-                result = await _one_request(client, model, prompt, output_len)
+                result = await _one_request(client, model, prompt, output_len, sampling)
             bar.update(1)
             return result
 

@@ -75,6 +75,17 @@ def serve(
             help="Split chat answers' reasoning into reasoning_content (`kvserve plugins` lists the parsers)."
         ),
     ] = None,
+    generation_config: Annotated[
+        str | None,
+        typer.Option(
+            help="Sampling defaults of requests that leave them unset: auto (the model's generation_config.json), "
+            "vllm (none) or a folder holding a generation_config.json (default: auto)."
+        ),
+    ] = None,
+    override_generation_config: Annotated[
+        str | None,
+        typer.Option(help="Sampling defaults as JSON over generation_config's, e.g. '{\"temperature\": 0.5}'."),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn's log level.")] = "info",
 ) -> None:
     """Serve a model over the OpenAI API until SIGINT or SIGTERM.
@@ -89,8 +100,8 @@ def serve(
         tensor_parallel_size=tensor_parallel_size, distributed_executor_backend=distributed_executor_backend,
         engine_process=engine_process, chat_template=chat_template, enable_auto_tool_choice=enable_auto_tool_choice,
         tool_call_parser=tool_call_parser, tool_parser_plugin=tool_parser_plugin, reasoning_parser=reasoning_parser,
-        structured_outputs_config=structured_outputs_config,
-        optimization_level=optimization_level,
+        structured_outputs_config=structured_outputs_config, generation_config=generation_config,
+        override_generation_config=override_generation_config, optimization_level=optimization_level,
     )  # fmt: skip
     from kvserve.server.runner import serve as run_server  # after the config: a bad one fails before the import
 

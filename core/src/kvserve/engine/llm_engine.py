@@ -6,14 +6,18 @@ import functools
 import logging
 import time
 from contextlib import suppress
-from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import GenerationConfig
 
 from kvserve import components
 from kvserve.config import EngineConfig, SchedulerConfig
+from kvserve.engine.generation_defaults import (
+    default_sampling_fields,
+    describe_defaults,
+    generation_config_folder,
+    read_generation_config,
+)
 from kvserve.engine.output_processor import RequestState
 from kvserve.engine.stats import EngineStats, StatLogger
 from kvserve.engine.validation import CheckedRequest, check_request
@@ -53,6 +57,9 @@ class LLMEngine:
         self.dtype, self.max_model_len = settings.dtype, settings.max_model_len
         self.platform.seed_everything(config.model.seed)
         self.eos_token_ids = self._eos_token_ids(source)
+        self.default_sampling_fields = default_sampling_fields(config.model, source.path)
+        """SamplingParams fields a request that leaves them unset gets (the model's generation config,
+        ``override_generation_config`` over it); the front ends apply them (``LLM``, the server)."""
 
         scheduler_cls, manager_cls = components.resolve_policy_components(config)
         if config.parallel.tensor_parallel_size > 1:
@@ -91,6 +98,7 @@ class LLMEngine:
             _scheduler_summary(scheduler_cls.name, config.scheduler), manager_cls.name, info.block_size,
             info.num_kv_blocks - 1, (info.num_kv_blocks - 1) * info.block_size, self.max_model_len,
         )  # fmt: skip
+        logger.info(describe_defaults(self.default_sampling_fields, config.model, source.path))
 
     def execution_summary(self) -> str:
         """How steps run: optimization level, eager or compiled (with compile seconds so far), the
@@ -129,10 +137,11 @@ class LLMEngine:
         return Sampler(self.config.model.seed, default_stages(extra), self.config.model.logprobs_mode, kernel)
 
     def _eos_token_ids(self, source: Any) -> tuple[int, ...]:
-        """EOS ids as HF ``generate`` sees them: generation_config.json, else config, else tokenizer."""
+        """EOS ids as HF ``generate`` sees them: generation_config.json (the ``generation_config``
+        folder's when one is named, as vLLM), else config, else tokenizer."""
         eos = getattr(self.hf_config, "eos_token_id", None)
-        if (Path(source.path) / "generation_config.json").is_file():
-            eos = GenerationConfig.from_pretrained(source.path).eos_token_id or eos
+        folder = generation_config_folder(self.config.model, source.path)
+        eos = read_generation_config(folder).get("eos_token_id") or eos
         if eos is None:
             eos = self.tokenizer.eos_token_id
         return (eos,) if isinstance(eos, int) else tuple(eos or ())

@@ -35,6 +35,12 @@ class LLM:
     def get_tokenizer(self) -> Any:
         return self.engine.tokenizer
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What :meth:`generate` and :meth:`chat` sample with when given no ``sampling_params``: the
+        model's generation config defaults (``generation_config``, ``override_generation_config``) over
+        SamplingParams' own, as vLLM's ``LLM.get_default_sampling_params``."""
+        return SamplingParams(**self.engine.default_sampling_fields)
+
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix block; False if some are still in use."""
         return self.engine.reset_prefix_cache()
@@ -48,7 +54,8 @@ class LLM:
     ) -> list[RequestOutput]:
         """Generate for every prompt (see :data:`Prompt`); outputs come back in input order.
 
-        If any prompt is invalid nothing is queued and the error names it (a TypeError or
+        Without ``sampling_params`` every prompt gets :meth:`get_default_sampling_params`. If any
+        prompt is invalid nothing is queued and the error names it (a TypeError or
         ValueError naming the prompt's index). A request the engine failed comes back finished
         with ``finish_reason="abort"`` and ``RequestOutput.error``; if the engine itself
         stops, EngineDeadError is raised.
@@ -56,7 +63,7 @@ class LLM:
         if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
-            sampling_params = [sampling_params or SamplingParams()] * len(prompts)
+            sampling_params = [sampling_params or self.get_default_sampling_params()] * len(prompts)
         if len(sampling_params) != len(prompts):
             raise ValueError(f"sampling_params: {len(sampling_params)} given for {len(prompts)} prompts")
         priority = list(priority) if priority is not None else [0] * len(prompts)

@@ -27,6 +27,8 @@ class EngineInfo:
     """The engine's batch-level logits processor classes (they validate each request's params)."""
     structured_outputs: StructuredOutputsConfig = field(default_factory=StructuredOutputsConfig)
     """The engine's ``structured_outputs_config`` (which backends may compile a request's constraint)."""
+    default_sampling_fields: dict[str, Any] = field(default_factory=dict)
+    """SamplingParams fields a request that leaves them unset gets (``LLMEngine.default_sampling_fields``)."""
 
     @classmethod
     def from_engine(cls, engine: LLMEngine) -> EngineInfo:
@@ -38,6 +40,7 @@ class EngineInfo:
             tokenizer=engine.tokenizer,
             logits_processors=tuple(engine.logits_processor_classes),
             structured_outputs=engine.config.decoding.structured_outputs_config,
+            default_sampling_fields=dict(engine.default_sampling_fields),
         )
 
     def check_request(

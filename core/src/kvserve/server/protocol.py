@@ -281,13 +281,22 @@ class GenerationRequest(_Strict):
                 message = f"structured_outputs.{err['loc'][0]}: {message}"
             raise field_error(message.removeprefix("Value error, "), self.constraint_renames()) from None
 
-    def _sampling_params(self, renames: dict[str, str] | None = None, **fields: Any) -> SamplingParams:
+    def _sampling_params(
+        self, defaults: dict[str, Any], renames: dict[str, str] | None = None, **fields: Any
+    ) -> SamplingParams:
         """SamplingParams from the shared fields (unless null) plus the endpoint's ``fields`` (even None:
-        ``max_tokens=None`` means up to the context length); bad values are 400s."""
+        ``max_tokens=None`` means up to the context length); bad values are 400s.
+
+        ``defaults`` (the model's generation config: ``EngineInfo.default_sampling_fields``) fill the
+        fields the request leaves unset (omitted or null); their ``max_tokens`` caps the request's, as
+        vLLM's server does with ``max_new_tokens``."""
         if self.stream_options is not None and not self.stream:
             raise OpenAIError(400, "stream_options: only allowed when stream is true", param="stream_options")
-        values = {name: getattr(self, name) for name in self._SHARED if getattr(self, name) is not None}
+        values = {name: value for name, value in defaults.items() if name != "max_tokens"}
+        values.update({name: getattr(self, name) for name in self._SHARED if getattr(self, name) is not None})
         values.update(fields)
+        if defaults.get("max_tokens") is not None:
+            values["max_tokens"] = min(t for t in (values.get("max_tokens"), defaults["max_tokens"]) if t is not None)
         if self.logit_bias:
             values["logit_bias"] = self.logit_bias_ids()
         values["structured_outputs"] = self.structured_outputs_params()
@@ -317,10 +326,11 @@ class CompletionRequest(GenerationRequest):
         if self.suffix:
             raise unsupported("suffix", "text after the completion (insertion) is not supported")
 
-    def sampling_params(self) -> SamplingParams:
+    def sampling_params(self, defaults: dict[str, Any]) -> SamplingParams:
+        """The request's SamplingParams, ``defaults`` (the model's generation config) where it sets none."""
         prompt_logprobs = self.logprobs if self.echo else None
         return self._sampling_params(
-            max_tokens=self.max_tokens, logprobs=self.logprobs, prompt_logprobs=prompt_logprobs
+            defaults, max_tokens=self.max_tokens, logprobs=self.logprobs, prompt_logprobs=prompt_logprobs
         )
 
     def prompts(self) -> list[str] | list[list[int]]:
@@ -395,11 +405,13 @@ class ChatCompletionRequest(GenerationRequest):
             if getattr(self, field) is not None:
                 raise unsupported(field, "not supported by kvserve")
 
-    def sampling_params(self) -> SamplingParams:
+    def sampling_params(self, defaults: dict[str, Any]) -> SamplingParams:
+        """The request's SamplingParams, ``defaults`` (the model's generation config) where it sets none."""
         if self.top_logprobs is not None and not self.logprobs:
             raise OpenAIError(400, "top_logprobs: requires logprobs to be true", param="top_logprobs")
         max_field = "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
         return self._sampling_params(
+            defaults,
             renames={"max_tokens": max_field, "logprobs": "top_logprobs"},
             max_tokens=getattr(self, max_field),
             logprobs=(self.top_logprobs or 0) if self.logprobs else None,

@@ -64,7 +64,7 @@ async def create_chat_completion(request: Request) -> Response:
     state, body = await admit(request, ChatCompletionRequest)
     state.limits.check(body, num_prompts=1)
     tool_use = ToolUse.of(body, state.auto_tool_parser)
-    params = tool_use.sampling_params(body.sampling_params(), state.tokenizer)
+    params = tool_use.sampling_params(body.sampling_params(state.llm.info.default_sampling_fields), state.tokenizer)
     template_kwargs = body.chat_template_kwargs or {}
     # Rendering and tokenizing a long conversation takes a while: then off the event loop, so streams go on.
     text = sum(len(m.template_input()["content"]) for m in body.messages)

@@ -25,7 +25,7 @@ async def create_completion(request: Request) -> Response:
     state, body = await admit(request, CompletionRequest)
     given = body.prompts()
     state.limits.check(body, len(given), (p for p in given if not isinstance(p, str)))
-    params = body.sampling_params()
+    params = body.sampling_params(state.llm.info.default_sampling_fields)
     tokenizer = state.tokenizer
     # Tokenizing (and decoding, for echo) a long prompt takes a while: then off the event loop, so streams go on.
     text = sum(len(p) for p in given if isinstance(p, str))
