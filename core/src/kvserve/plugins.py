@@ -26,6 +26,7 @@ KINDS = (
     "structured_output_backend",
     "tool_parser",
     "reasoning_parser",
+    "proposer",
 )
 
 

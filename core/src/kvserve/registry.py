@@ -25,6 +25,7 @@ INSTALL_HINTS = {
     "structured_output_backend": "kvserve-structured-outputs-xgrammar",
     "tool_parser": "kvserve-core",
     "reasoning_parser": "kvserve-core",
+    "proposer": "kvserve-core",
 }
 
 

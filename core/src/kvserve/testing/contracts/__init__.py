@@ -54,6 +54,7 @@ CONTRACTS: dict[str, ContractInfo] = {
             "ReasoningParserContract",
             "reasoning_parser",
         ),
+        ContractInfo("proposer", "kvserve.testing.contracts.proposer", "DraftProposerContract", "proposer"),
     )
 }
 """Plugin kind -> its contract (every kind of ``kvserve.plugins.KINDS`` has one)."""
