@@ -192,3 +192,17 @@ def test_structured_outputs_config_is_json_on_the_command_line(monkeypatch):
     assert chosen.backend == "guidance" and chosen.disable_any_whitespace and not chosen.disable_fallback
     result = CliRunner().invoke(app, ["serve", "--structured-outputs-config", '{"backnd": "x"}'])
     assert result.exit_code != 0 and "structured_outputs_config.backnd" in str(result.exception)
+
+
+def test_speculative_config_is_json_on_the_command_line(monkeypatch):
+    started = {}
+    monkeypatch.setattr("kvserve.server.runner.serve", lambda config, log_level: started.update(config=config))
+    option = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "disable_by_batch_size": 8}'
+    result = CliRunner().invoke(app, ["serve", "--speculative-config", option])
+    assert result.exit_code == 0, result.output
+    chosen = started["config"].decoding.speculative_config
+    assert (chosen.method, chosen.num_speculative_tokens, chosen.prompt_lookup_min, chosen.prompt_lookup_max) == (
+        "ngram", 3, 4, 4,
+    )  # fmt: skip
+    result = CliRunner().invoke(app, ["serve", "--speculative-config", '{"method": "ngram", "num_spec_tokens": 3}'])
+    assert result.exit_code != 0 and "speculative_config.num_spec_tokens" in str(result.exception)

@@ -413,6 +413,7 @@ class LLMEngine:
             prompt_tokens_total=self.stat_logger.prompt_tokens_total,
             generation_tokens_total=self.stat_logger.generation_tokens_total,
             preemptions_total=self.stat_logger.preemptions_total,
+            spec_decode=None if self.speculator is None else self.speculator.stats.copy(),
         )
 
     @property

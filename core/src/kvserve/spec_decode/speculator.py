@@ -24,6 +24,12 @@ class SpecDecodeStats:
     accepted_per_position: list[int] = field(default_factory=list)
     """Drafts accepted at each draft position (0: the first draft of a chunk)."""
 
+    def copy(self) -> SpecDecodeStats:
+        """A snapshot that later steps do not change."""
+        return SpecDecodeStats(
+            self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens, list(self.accepted_per_position)
+        )
+
     def record(self, num_drafts: int, num_accepted: int) -> None:
         """One chunk verified ``num_drafts`` drafts (at least one) and kept the first ``num_accepted``."""
         self.num_drafts += 1
