@@ -13,8 +13,8 @@ from harness.cpu_usage import CpuWindow, busy_cpu_seconds, tree_cpu_seconds, wai
 from harness.engine_env import engine_env
 from harness.sampling_mix import DEFAULT_SAMPLING_MIX, describe_mode, machine_isa, parse_sampling_mix
 from kvserve.benchmarking.workload import mixed_chat_prompt_ids
-from kvserve_cpu_native import cpu_name_and_flags
 from kvserve.testing.hf_models import build_tokenizer
+from kvserve_cpu_native import cpu_name_and_flags
 
 SPIN = "import time\nend = time.process_time() + 0.5\nwhile time.process_time() < end: pass\ntime.sleep(30)"
 TEMPLATE = (

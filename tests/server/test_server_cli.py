@@ -207,3 +207,17 @@ def test_generation_config_options_reach_the_config(monkeypatch, tmp_path: Path)
     assert result.exit_code != 0 and "model.generation_config" in str(result.exception)
     result = CliRunner().invoke(app, ["serve", "--override-generation-config", '{"temprature": 0.5}'])
     assert result.exit_code != 0 and "unknown keys ['temprature']" in str(result.exception)
+
+
+def test_speculative_config_is_json_on_the_command_line(monkeypatch):
+    started = {}
+    monkeypatch.setattr("kvserve.server.runner.serve", lambda config, log_level: started.update(config=config))
+    option = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "disable_by_batch_size": 8}'
+    result = CliRunner().invoke(app, ["serve", "--speculative-config", option])
+    assert result.exit_code == 0, result.output
+    chosen = started["config"].decoding.speculative_config
+    assert (chosen.method, chosen.num_speculative_tokens, chosen.prompt_lookup_min, chosen.prompt_lookup_max) == (
+        "ngram", 3, 4, 4,
+    )  # fmt: skip
+    result = CliRunner().invoke(app, ["serve", "--speculative-config", '{"method": "ngram", "num_spec_tokens": 3}'])
+    assert result.exit_code != 0 and "speculative_config.num_spec_tokens" in str(result.exception)

@@ -29,6 +29,11 @@ def register_tool_parsers(register):
 
 
 @hookimpl
+def register_proposers(register):
+    register("ngram", "kvserve.spec_decode.ngram:NgramProposer")
+
+
+@hookimpl
 def register_reasoning_parsers(register):
     register("deepseek_r1", "kvserve.reasoning.think_tags:DeepSeekR1ReasoningParser")
     register("qwen3", "kvserve.reasoning.think_tags:Qwen3ReasoningParser")

@@ -231,12 +231,55 @@ class StructuredOutputsConfig(_Section):
     )
 
 
+class SpeculativeConfig(_Section):
+    """Speculative decoding, with vLLM's field names: a proposer guesses tokens, one forward pass
+    verifies them, and outputs stay exactly those of decoding without it."""
+
+    method: str = Field(description="Registered draft proposer name (ngram)")
+    num_speculative_tokens: PositiveInt = Field(description="Most draft tokens verified per request and step")
+    prompt_lookup_max: PositiveInt | None = Field(
+        None, description="ngram: longest suffix n-gram looked up in the request's tokens; None: prompt_lookup_min or 5"
+    )
+    prompt_lookup_min: PositiveInt | None = Field(
+        None, description="ngram: shortest suffix n-gram looked up; None: prompt_lookup_max or 5"
+    )
+    disable_by_batch_size: int | None = Field(
+        None, ge=2, description="No drafts in a step while more requests than this are running; None: never off"
+    )
+
+    @model_validator(mode="after")
+    def _lookup_bounds(self) -> SpeculativeConfig:
+        # vLLM's defaults: one bound given sets the other; neither, both 5.
+        low, high = self.prompt_lookup_min, self.prompt_lookup_max
+        low, high = low or high or 5, high or low or 5
+        if low > high:
+            raise ValueError(f"prompt_lookup_min ({low}) must not exceed prompt_lookup_max ({high})")
+        # Set through __dict__: a validated assignment would run this validator again.
+        self.__dict__.update(prompt_lookup_min=low, prompt_lookup_max=high)
+        return self
+
+
 class DecodingConfig(_Section):
     structured_outputs_config: StructuredOutputsConfig = Field(
         default_factory=StructuredOutputsConfig,
         description="Structured outputs (JSON text or a mapping): backend, disable_fallback, "
         "disable_any_whitespace, disable_additional_properties",
     )
+    speculative_config: SpeculativeConfig | None = Field(
+        None,
+        description="Speculative decoding (JSON text or a mapping): method, num_speculative_tokens, "
+        "prompt_lookup_max, prompt_lookup_min, disable_by_batch_size; None: off",
+    )
+
+    @field_validator("speculative_config", mode="before")
+    @classmethod
+    def _speculative_json_text(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                return json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"not JSON: {exc}") from None
+        return value
 
     @field_validator("structured_outputs_config", mode="before")
     @classmethod

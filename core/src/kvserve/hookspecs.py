@@ -72,6 +72,12 @@ def register_tool_parsers(register: Register) -> None:
 
 
 @hookspec
+def register_proposers(register: Register) -> None:
+    """Register :class:`kvserve.interfaces.DraftProposer` classes under the name
+    ``speculative_config["method"]`` selects (speculative decoding)."""
+
+
+@hookspec
 def register_reasoning_parsers(register: Register) -> None:
     """Register :class:`kvserve.interfaces.ReasoningParser` classes under the name ``--reasoning-parser`` selects."""
 

@@ -27,6 +27,7 @@ KINDS = (
     "tool_parser",
     "reasoning_parser",
     "gguf_architecture",
+    "proposer",
 )
 
 

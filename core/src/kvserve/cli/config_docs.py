@@ -91,8 +91,9 @@ port = 8001
 **Environment variables**: `{prefix}` and the field's name in capitals, read by the commands below
 (not by `LLM` or `EngineConfig`). Only names of config fields are read, and the text is parsed as the
 field's type: booleans as `true`/`false`, `1`/`0`, `on`/`off`; sizes as a number of bytes or as `2GiB`;
-`structured_outputs_config` and `override_generation_config` as JSON. A list (`logits_processors`)
-cannot come from the environment or `--set`: use Python or a file. `KVSERVE_API_KEY=` (set but empty) means no key.
+`structured_outputs_config`, `speculative_config` and `override_generation_config` as JSON. A list
+(`logits_processors`) cannot come from the environment or `--set`: use Python or a file. `KVSERVE_API_KEY=`
+(set but empty) means no key.
 
 ```bash
 KVSERVE_MAX_NUM_SEQS=64 KVSERVE_API_KEY=sk-local kvserve serve
@@ -187,8 +188,9 @@ def _section(section: str, model: type[BaseModel], config_commands: list[CliComm
         lines.append(
             f"| `{name}` | {_type(field)} | {_default(field)} | `{env_var(name)}` | {flags} | {_description(field)} |"
         )
-        if _is_model(field.annotation):
-            nested.append((name, field.annotation))
+        sub = _nested_model(field.annotation)
+        if sub is not None:
+            nested.append((name, sub))
     text = "\n".join(lines) + "\n"
     for name, sub in nested:
         text += f"\nKeys of `{name}`:\n\n| Key | Type | Default | Description |\n|---|---|---|---|\n"
@@ -291,6 +293,8 @@ def _bounds(metadata: list[Any]) -> str:
 
 
 def _default(field: FieldInfo) -> str:
+    if field.is_required():
+        return "required"
     value = field.get_default(call_default_factory=True)
     return "see below" if isinstance(value, BaseModel) else _value(value)
 
@@ -338,6 +342,14 @@ def _param_default(param: Any) -> str:
 
 def _is_model(annotation: Any) -> bool:
     return isinstance(annotation, type) and issubclass(annotation, BaseModel)
+
+
+def _nested_model(annotation: Any) -> type[BaseModel] | None:
+    """The section a field holds, optional or not (``SpeculativeConfig | None``), or None."""
+    if get_origin(annotation) in (Union, types.UnionType):
+        models = [a for a in get_args(annotation) if _is_model(a)]
+        return models[0] if len(models) == 1 else None
+    return annotation if _is_model(annotation) else None
 
 
 def _text(text: str) -> str:

@@ -69,6 +69,13 @@ def serve(
             "(backend: auto or a registered structured_output_backend).",
         ),
     ] = None,
+    speculative_config: Annotated[
+        str | None,
+        typer.Option(
+            help="Speculative decoding as JSON, vLLM's fields, e.g. "
+            '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}\' (off by default).',
+        ),
+    ] = None,
     reasoning_parser: Annotated[
         str | None,
         typer.Option(
@@ -100,8 +107,9 @@ def serve(
         tensor_parallel_size=tensor_parallel_size, distributed_executor_backend=distributed_executor_backend,
         engine_process=engine_process, chat_template=chat_template, enable_auto_tool_choice=enable_auto_tool_choice,
         tool_call_parser=tool_call_parser, tool_parser_plugin=tool_parser_plugin, reasoning_parser=reasoning_parser,
-        structured_outputs_config=structured_outputs_config, generation_config=generation_config,
-        override_generation_config=override_generation_config, optimization_level=optimization_level,
+        structured_outputs_config=structured_outputs_config, speculative_config=speculative_config,
+        generation_config=generation_config, override_generation_config=override_generation_config,
+        optimization_level=optimization_level,
     )  # fmt: skip
     from kvserve.server.runner import serve as run_server  # after the config: a bad one fails before the import
 

@@ -36,6 +36,8 @@ from kvserve.sampling import Sampler, SamplerOutput, default_stages, token_logpr
 from kvserve.sampling.batch_processors import BatchLogitsProcessorsStage
 from kvserve.sampling.processor_loading import resolve_logits_processors
 from kvserve.sampling_params import SamplingParams
+from kvserve.spec_decode.speculator import Speculator, load_proposer
+from kvserve.spec_decode.verification import accepted_tokens, row_requests
 from kvserve.stopping import grammar_complete
 from kvserve.structured_outputs.compiler import GrammarCompiler
 
@@ -76,6 +78,9 @@ class LLMEngine:
         self.kv_cache_manager = manager_cls(info.num_kv_blocks, info.block_size, config.cache.enable_prefix_caching)
         self.scheduler = scheduler_cls(config.scheduler, self.kv_cache_manager, self.max_model_len)
         self.sampler = self._sampler()
+        spec = config.decoding.speculative_config
+        self.speculator = Speculator(spec, load_proposer(config, self.hf_config.vocab_size)) if spec else None
+        """Speculative decoding's drafts and counters; None when it is off."""
         self.grammars = GrammarCompiler(
             self.tokenizer, self.hf_config.vocab_size, self.eos_token_ids, config.decoding.structured_outputs_config,
             load_reasoning_parser(config.server.reasoning_parser, self.tokenizer),  # grammars wait for the answer
@@ -239,15 +244,18 @@ class LLMEngine:
                 return self._outputs(failed)
             self._mark_scheduled(plan)
             step = self.executor.execute(StepInput.from_plan(plan, self.kv_cache_manager, self.token_metadata))
-            # Who samples: the requests whose chunk completes their sequence, from its last row.
-            owners = [plan.scheduled[i].request for i in step.sampled_chunks]
-            rows = [step.rows(i)[-1] for i in step.sampled_chunks]
-            # Rows in order: a view, not a copy of [rows, vocab] logits per step.
-            logits = step.logits[: len(rows)] if rows == list(range(len(rows))) else step.logits[rows]
-            sampled = self.sampler(logits, owners, logits_owned=True)
-            changed = failed | self._update(plan, step, owners, sampled)
+            # Who samples: the requests whose chunk completes their sequence, from each of its rows (one,
+            # or 1 + k verifying k drafts: every row is sampled as the request with the drafts before it).
+            rows: list[Request] = []
+            for i in step.sampled_chunks:
+                item = plan.scheduled[i]
+                drafts = item.draft_token_ids
+                rows += row_requests(item.request, drafts, step.logits.shape[1]) if drafts else [item.request]
+            sampled = self.sampler(step.logits, rows, logits_owned=True)
+            updated, num_new_tokens = self._update(plan, step, sampled)
             self.scheduler.record_step_time(plan, time.perf_counter() - started)
-            self._record_step(plan, len(owners))
+            self._record_step(plan, num_new_tokens)
+            changed = failed | updated
             return self._outputs(changed)
         except Exception as exc:
             self._die(exc)
@@ -276,13 +284,28 @@ class LLMEngine:
         return None if state is None or state.finished else state
 
     def _update(
-        self, plan: SchedulerOutput, step: StepLogits, owners: list[Request], sampled: SamplerOutput
-    ) -> dict[str, RequestState]:
-        """Book the sampled tokens: failed requests first, then the scheduler, then the outputs."""
+        self, plan: SchedulerOutput, step: StepLogits, sampled: SamplerOutput
+    ) -> tuple[dict[str, RequestState], int]:
+        """Book the sampled tokens: verify drafts, fail requests whose emitted rows failed, then the
+        scheduler, then the outputs token by token. Returns the requests that changed and the number
+        of tokens they emitted."""
         changed: dict[str, RequestState] = {}
         failing: dict[str, tuple[Request, str, bool]] = {}  # request id -> (request, its error, invalid)
-        for row, error in sampled.errors.items():
-            failing.setdefault(owners[row].request_id, (owners[row], error, row in sampled.invalid_rows))
+        accepted: dict[int, list[int]] = {}  # chunk -> its new tokens
+        owners: list[tuple[Request, int, int]] = []  # (request, its first row, its output length before)
+        for i in step.sampled_chunks:
+            item, rows = plan.scheduled[i], step.rows(i)
+            tokens = sampled.tokens[rows.start : rows.stop]
+            accepted[i] = accepted_tokens(item.draft_token_ids, tokens) if item.num_lookahead else tokens
+            if item.num_lookahead and self.speculator is not None:
+                self.speculator.stats.record(item.num_lookahead, len(accepted[i]) - 1)
+            owners.append((item.request, rows.start, len(item.request.output_token_ids)))
+            # Rows past the emitted tokens verified drafts that were rejected: their failures do not count.
+            for row in range(rows.start, rows.start + len(accepted[i])):
+                if row in sampled.errors:
+                    failing.setdefault(
+                        item.request.request_id, (item.request, sampled.errors[row], row in sampled.invalid_rows)
+                    )
         if failing:
             for item in plan.scheduled:
                 # The forward ran: a failing request's chunk holds its KV, which a request admitted in
@@ -296,43 +319,52 @@ class LLMEngine:
                 self._fail(state, error, invalid_request=invalid)
                 changed[state.request_id] = state
         self._record_prompt_logprobs(plan, step)
-        tokens = dict(zip(map(id, owners), sampled.tokens))
-        logprobs = sampled.logprobs or [None] * len(owners)
-        self.scheduler.update(
-            plan, [[tokens[id(item.request)]] if id(item.request) in tokens else [] for item in plan.scheduled]
-        )
-        for request, request_logprobs in zip(owners, logprobs):
+        self.scheduler.update(plan, [accepted.get(i, []) for i in range(len(plan.scheduled))])
+        num_new_tokens = 0
+        for request, first_row, before in owners:
             state = self._live_state(request)
             if state is None:
                 continue  # it failed above
             changed[state.request_id] = state
+            new_tokens = request.output_token_ids[before:]  # the accepted ones, up to a token stop rule
+            num_new_tokens += len(new_tokens)
             try:
-                self.sampler.accept(request, request.output_token_ids[-1:])
-            except Exception as exc:  # its constraint refused the token: this request only
-                self._fail(state, f"accepting the token failed: {type(exc).__name__}: {exc}")
+                self.sampler.accept(request, new_tokens)
+            except Exception as exc:  # its constraint refused a token: this request only
+                self._fail(state, f"accepting the tokens failed: {type(exc).__name__}: {exc}")
                 continue
             try:
-                self._add_token(state, request_logprobs)
+                for n, token in enumerate(new_tokens):
+                    logprobs = sampled.logprobs[first_row + n] if sampled.logprobs else None
+                    if self._add_token(state, token, logprobs, last=n == len(new_tokens) - 1):
+                        del request.output_token_ids[before + n + 1 :]  # nothing past a stop string
+                        break
             except Exception as exc:  # e.g. a token its tokenizer cannot decode: this request only
                 self._fail(state, f"processing the output failed: {type(exc).__name__}: {exc}")
-        return changed
+        if self.speculator is not None:
+            running = [r for r, _, _ in owners if not r.status.finished]
+            self.speculator.propose(running, self.scheduler.num_running())
+        return changed, num_new_tokens
 
-    def _add_token(self, state: RequestState, logprobs: TokenLogprobs | None) -> None:
-        """Detokenize the request's new token and apply its stop string, its finished grammar or the
-        scheduler's stop (the rules: :mod:`kvserve.stopping`)."""
+    def _add_token(self, state: RequestState, token: int, logprobs: TokenLogprobs | None, last: bool) -> bool:
+        """Detokenize one of the request's new tokens and apply its stop string, its finished grammar
+        (after the ``last`` new token: the grammar has accepted them all) or the scheduler's stop (the
+        rules: :mod:`kvserve.stopping`). True when the request finished at this token."""
         request, seq = state.request, state.sequence
         if state.metrics.first_token_time is None:
             state.metrics.first_token_time = time.monotonic()
-        stop = seq.add_token(request.output_token_ids[-1], logprobs)
-        if stop is not None or grammar_complete(request):
+        stop = seq.add_token(token, logprobs)
+        if stop is not None or (last and grammar_complete(request)):
             if not request.status.finished:
                 self.scheduler.abort_request(request.request_id)  # frees its blocks
             request.status = RequestStatus.FINISHED_STOPPED
             seq.finish("stop", stop)
-        elif request.status.finished:
+        elif last and request.status.finished:
             seq.finish(request.status.finish_reason, request.stop_reason)
-        if seq.finish_reason is not None:
-            self._release(request)
+        if seq.finish_reason is None:
+            return False
+        self._release(request)
+        return True
 
     def _outputs(self, changed: dict[str, RequestState]) -> list[RequestOutput]:
         outputs = []
@@ -390,6 +422,7 @@ class LLMEngine:
             prompt_tokens_total=self.stat_logger.prompt_tokens_total,
             generation_tokens_total=self.stat_logger.generation_tokens_total,
             preemptions_total=self.stat_logger.preemptions_total,
+            spec_decode=None if self.speculator is None else self.speculator.stats.copy(),
         )
 
     @property
@@ -421,6 +454,8 @@ class LLMEngine:
         final output is out)."""
         self.sampler.forget(request.request_id)
         self.grammars.forget(request.request_id)
+        if self.speculator is not None:
+            self.speculator.forget(request.request_id)
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached KV block (e.g. after the weights changed); False, changing nothing,

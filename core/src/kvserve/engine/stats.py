@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvserve.interfaces import KVCacheStats
+from kvserve.spec_decode.speculator import SpecDecodeStats
 
 logger = logging.getLogger("kvserve")
 
@@ -23,6 +24,8 @@ class EngineStats:
     prompt_tokens_total: int
     generation_tokens_total: int
     preemptions_total: int
+    spec_decode: SpecDecodeStats | None = None
+    """Speculative decoding's counters (a copy); None when it is off."""
 
 
 class StatLogger:
@@ -35,6 +38,7 @@ class StatLogger:
         self.preemptions_total = 0
         self._window_prompt = self._window_generation = 0
         self._window_start = time.monotonic()
+        self._spec_before = SpecDecodeStats()
 
     def record_step(self, prompt_tokens: int, generation_tokens: int, preemptions: int) -> None:
         self.prompt_tokens_total += prompt_tokens
@@ -57,5 +61,28 @@ class StatLogger:
                 self._window_prompt / elapsed, self._window_generation / elapsed, stats.num_running,
                 stats.num_waiting, 100 * stats.kv_cache.usage, 100 * stats.kv_cache.prefix_hit_rate,
             )  # fmt: skip
+        if stats.spec_decode is not None:
+            self._log_spec_decode(stats.spec_decode, elapsed)
         self._window_prompt = self._window_generation = 0
         self._window_start = now
+
+    def _log_spec_decode(self, totals: SpecDecodeStats, elapsed: float) -> None:
+        """vLLM's line for the window: mean acceptance length, throughputs, per-position acceptance."""
+        before = self._spec_before
+        drafts = totals.num_drafts - before.num_drafts
+        drafted = totals.num_draft_tokens - before.num_draft_tokens
+        accepted = totals.num_accepted_tokens - before.num_accepted_tokens
+        self._spec_before = totals
+        if not drafts:
+            return
+        per_position = [
+            (now - (before.accepted_per_position[i] if i < len(before.accepted_per_position) else 0)) / drafts
+            for i, now in enumerate(totals.accepted_per_position)
+        ]
+        logger.info(
+            "SpecDecoding metrics: Mean acceptance length: %.2f, Accepted throughput: %.2f tokens/s, Drafted "
+            "throughput: %.2f tokens/s, Accepted: %d tokens, Drafted: %d tokens, Per-position acceptance rate: %s, "
+            "Avg Draft acceptance rate: %.1f%%",
+            1 + accepted / drafts, accepted / elapsed, drafted / elapsed, accepted, drafted,
+            ", ".join(f"{rate:.3f}" for rate in per_position), 100 * accepted / drafted,
+        )  # fmt: skip

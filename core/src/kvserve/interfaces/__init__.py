@@ -9,6 +9,7 @@ from kvserve.interfaces.logits_constraint import LogitsConstraint
 from kvserve.interfaces.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 from kvserve.interfaces.model import Model
 from kvserve.interfaces.platform import DeviceCapability, Platform
+from kvserve.interfaces.proposer import DraftProposer, DraftRequest
 from kvserve.interfaces.quantization import ParamLoading, QuantizationMethod
 from kvserve.interfaces.reasoning_parser import ReasoningParser
 from kvserve.interfaces.sampling_kernel import SamplingKernel
@@ -23,6 +24,8 @@ __all__ = [
     "AttentionSpec",
     "BatchUpdate",
     "DeviceCapability",
+    "DraftProposer",
+    "DraftRequest",
     "ExtractedToolCalls",
     "FunctionCall",
     "GGUFArchitecture",

@@ -57,9 +57,9 @@ class Sampler:
     """Picks one token per row; then temperature, min-p, top-k, top-p and the draw (see
     :mod:`kvserve.sampling.draw`), or the argmax for greedy rows.
 
-    A seeded request draws from its own generator, so its tokens do not depend on what else is in
-    the batch. Stages that change no row this step cost one cheap check; the caller's logits are
-    never written.
+    A seeded request draws from generators of its own seed and output position, so its tokens do not
+    depend on what else is in the batch (nor on how steps verify drafts). Stages that change no row
+    this step cost one cheap check; the caller's logits are never written.
     """
 
     def __init__(
@@ -79,6 +79,7 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, requests: list[Request], logits_owned: bool = False) -> SamplerOutput:
         """``logits``: float32 ``[rows, vocab]``, row ``i`` belonging to ``requests[i]``, left as given
         unless ``logits_owned`` (the caller never reads them again: the stages may write over them)."""
+        self.noise.start_call()
         raw = logits
         reads_raw = self.logprobs_mode.startswith("raw") and any(
             r.sampling_params.logprobs is not None for r in requests
@@ -141,7 +142,6 @@ class Sampler:
             stage.on_accept(request, token_ids)
 
     def forget(self, request_id: str) -> None:
-        """Drop what is kept for ``request_id`` (its generator, stage state) once it has finished."""
-        self.noise.forget(request_id)
+        """Drop what is kept for ``request_id`` (its stages' state) once it has finished."""
         for stage in self.stages:
             stage.forget(request_id)

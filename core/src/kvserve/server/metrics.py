@@ -50,8 +50,24 @@ class EngineCollector(Collector):
             "prefix_cache_queries": ("Prompt tokens looked up in the prefix cache.", kv.prefix_queries),
             "prefix_cache_hits": ("Looked-up prompt tokens found in the prefix cache.", kv.prefix_hits),
         }
+        spec = stats.spec_decode
+        if spec is not None:  # vLLM's spec_decode_* counters, while speculative decoding is on
+            counters |= {
+                "spec_decode_num_drafts": ("Verification steps of a request with drafts.", spec.num_drafts),
+                "spec_decode_num_draft_tokens": ("Draft tokens verified.", spec.num_draft_tokens),
+                "spec_decode_num_accepted_tokens": ("Draft tokens accepted.", spec.num_accepted_tokens),
+            }
         for name, (documentation, value) in counters.items():
             yield CounterMetricFamily(f"kvserve:{name}", documentation, value=value)
+        if spec is not None:
+            per_position = CounterMetricFamily(
+                "kvserve:spec_decode_num_accepted_tokens_per_pos",
+                "Draft tokens accepted at each draft position.",
+                labels=["position"],
+            )
+            for position, value in enumerate(spec.accepted_per_position):
+                per_position.add_metric([str(position)], value)
+            yield per_position
 
 
 class ServerMetrics:

@@ -11,8 +11,8 @@ component by its registry name; pytest then runs every check of the contract aga
 One contract per interface: :class:`PlatformContract`, :class:`AttentionBackendContract`,
 :class:`KVCacheManagerContract`, :class:`SchedulerContract`, :class:`ModelContract`,
 :class:`QuantizationMethodContract`, :class:`LogitsProcessorContract`,
-:class:`StructuredOutputBackendContract`, :class:`ToolParserContract`, :class:`ReasoningParserContract`
-and :class:`GGUFArchitectureContract`.
+:class:`StructuredOutputBackendContract`, :class:`ToolParserContract`, :class:`ReasoningParserContract`,
+:class:`GGUFArchitectureContract` and :class:`DraftProposerContract`.
 ``kvserve plugins check`` runs the same suites against installed plugins. The package is also a pytest
 plugin (entry point ``pytest11: kvserve``).
 
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from kvserve.testing.contracts.logits_processor import LogitsProcessorContract
     from kvserve.testing.contracts.model import ModelContract
     from kvserve.testing.contracts.platform import PlatformContract
+    from kvserve.testing.contracts.proposer import DraftProposerContract
     from kvserve.testing.contracts.quantization import QuantizationMethodContract
     from kvserve.testing.contracts.reasoning_parser import ReasoningParserContract
     from kvserve.testing.contracts.scheduler import SchedulerContract
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
 _LAZY = {
     "AttentionBackendContract": "kvserve.testing.contracts.attention",
     "GGUFArchitectureContract": "kvserve.testing.contracts.gguf_architecture",
+    "DraftProposerContract": "kvserve.testing.contracts.proposer",
     "KVCacheManagerContract": "kvserve.testing.contracts.kv_cache",
     "LogitsProcessorContract": "kvserve.testing.contracts.logits_processor",
     "ModelContract": "kvserve.testing.contracts.model",
@@ -57,6 +59,7 @@ _LAZY = {
 __all__ = [
     "AttentionBackendContract",
     "GGUFArchitectureContract",
+    "DraftProposerContract",
     "KVCacheManagerContract",
     "LogitsProcessorContract",
     "ModelContract",

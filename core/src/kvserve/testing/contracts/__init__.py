@@ -60,6 +60,7 @@ CONTRACTS: dict[str, ContractInfo] = {
             "GGUFArchitectureContract",
             "gguf_architecture",
         ),
+        ContractInfo("proposer", "kvserve.testing.contracts.proposer", "DraftProposerContract", "proposer"),
     )
 }
 """Plugin kind -> its contract (every kind of ``kvserve.plugins.KINDS`` has one)."""

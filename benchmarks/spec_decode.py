@@ -1,0 +1,110 @@
+"""Speculative decoding on vs off, side by side: output tokens/s and the drafts' acceptance.
+
+Two workloads on a model (default: the embedded SmolLM2), each at every ``--batch`` size:
+
+- ``copy``: copy-heavy chat requests — rewrite a given code file with one change, or answer by quoting
+  a passage — whose answers repeat long stretches of the prompt (what ``ngram`` prompt lookup finds);
+- ``chat``: plain chat questions, whose answers repeat little.
+
+Greedy decoding, so both runs emit the same tokens (checked): the comparison is speed only. One engine
+per setting, warmed up on one request first; ``--rounds`` alternating timed runs, the median reported.
+
+    python benchmarks/spec_decode.py [MODEL] [--batch 1 32] [--dtype bfloat16] [--max-tokens 256]
+        [--speculative-config '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}']
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+from kvserve import LLM, SamplingParams
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+
+SOURCE_FILES = sorted((Path(__file__).resolve().parents[1] / "core/src/kvserve/spec_decode").glob("*.py"))
+PASSAGE = (
+    "The paged KV cache keeps each sequence's keys and values in fixed-size blocks. A block table maps a "
+    "sequence's logical blocks to physical ones, so sequences grow without copying and share blocks of a "
+    "common prefix. When blocks run out, the scheduler preempts a running request: its blocks are freed and "
+    "it is computed again later from its prompt and the tokens it has generated so far."
+)
+COPY_TASKS = [
+    *(f"Rewrite this Python file, renaming every variable called `request` to `req`. Output only the code.\n\n"
+      f"```python\n{path.read_text()[:1800]}\n```" for path in SOURCE_FILES),
+    f"Here is a passage:\n\n{PASSAGE}\n\nQuote, word for word, the sentence about preemption, then the one "
+    "about the block table.",
+    f"Repeat this passage exactly, then say how many sentences it has:\n\n{PASSAGE}",
+]  # fmt: skip
+CHAT_TASKS = [
+    "What is the capital of France? Answer in one sentence, then tell me one fact about it.",
+    "Write a short poem about the sea.",
+    "Explain why the sky is blue to a ten-year-old.",
+    "Give me three ideas for a weekend trip.",
+    "What is a linked list?",
+    "How do I boil an egg?",
+]
+
+
+def prompts(tasks: list[str], batch: int) -> list[list[dict[str, str]]]:
+    return [[{"role": "user", "content": tasks[i % len(tasks)]}] for i in range(batch)]
+
+
+def run(llm: LLM, conversations, params: SamplingParams) -> tuple[float, list[list[int]]]:
+    start = time.perf_counter()
+    outputs = llm.chat(conversations, params, use_tqdm=False)
+    return time.perf_counter() - start, [list(o.outputs[0].token_ids) for o in outputs]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("model", nargs="?", help="HF model directory (default: the embedded SmolLM2)")
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 32])
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--speculative-config", type=json.loads, default=NGRAM)
+    parser.add_argument("--workload", nargs="+", default=["copy", "chat"], choices=["copy", "chat"])
+    args = parser.parse_args()
+
+    params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
+    fields = {"max_model_len": 2048, "dtype": args.dtype, "max_num_seqs": max(args.batch)}
+    engines = {
+        "off": LLM(args.model, **fields),
+        "on": LLM(args.model, **fields, speculative_config=args.speculative_config),
+    }
+    for llm in engines.values():
+        run(llm, prompts(CHAT_TASKS, 1), SamplingParams(temperature=0, max_tokens=8))  # warm-up
+    print(f"speculative_config={json.dumps(args.speculative_config)} dtype={args.dtype} max_tokens={args.max_tokens}")
+    header = ("workload", "batch", "off tok/s", "on tok/s", "speed-up", "accepted", "mean len")
+    print("{:<8} {:>5} {:>10} {:>10} {:>8} {:>9} {:>8}".format(*header))
+    for workload in args.workload:
+        tasks = COPY_TASKS if workload == "copy" else CHAT_TASKS
+        for batch in args.batch:
+            conversations = prompts(tasks, batch)
+            seconds: dict[str, list[float]] = {"off": [], "on": []}
+            tokens: dict[str, list[list[int]]] = {}
+            stats = engines["on"].engine.speculator.stats
+            before = stats.copy()
+            for _ in range(args.rounds):
+                for name, llm in engines.items():
+                    elapsed, tokens[name] = run(llm, conversations, params)
+                    seconds[name].append(elapsed)
+            if tokens["on"] != tokens["off"]:
+                raise SystemExit(f"{workload} at batch {batch}: outputs with speculation differ from without")
+            generated = sum(map(len, tokens["off"]))
+            rate = {name: generated / statistics.median(times) for name, times in seconds.items()}
+            drafted = stats.num_draft_tokens - before.num_draft_tokens
+            accepted = stats.num_accepted_tokens - before.num_accepted_tokens
+            drafts = stats.num_drafts - before.num_drafts
+            print(
+                f"{workload:<8} {batch:>5} {rate['off']:>10.1f} {rate['on']:>10.1f} {rate['on'] / rate['off']:>7.2f}x "
+                f"{accepted / max(drafted, 1):>8.1%} {1 + accepted / max(drafts, 1):>8.2f}"
+            )
+
+
+if __name__ == "__main__":
+    main()

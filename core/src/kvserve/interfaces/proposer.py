@@ -1,0 +1,65 @@
+"""The DraftProposer interface: guesses of a request's next tokens, for speculative decoding.
+
+With ``speculative_config`` set, after each step the engine asks the proposer its ``method`` names
+for up to ``num_speculative_tokens`` draft tokens per decoding request. The next step computes the
+request's last token and the drafts in one forward pass and verifies them in the core: a draft is
+kept only while it equals the token the target model samples at its position (for greedy requests,
+the argmax), and the token sampled after the last kept draft is emitted too. So a proposer can only
+change how fast a request decodes, never what it emits: a proposer that guesses garbage still gives
+exactly the outputs of decoding without speculation (the contract,
+``kvserve.testing.DraftProposerContract``, runs the engine to check it).
+
+Drafts are token ids only: verification treats each as certain (a point mass), which is the exact
+rejection rule (Leviathan et al.) for a deterministic proposer. A proposer must therefore be
+deterministic: the same tokens give the same drafts.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    from kvserve.config import SpeculativeConfig
+
+
+@dataclass(frozen=True)
+class DraftRequest:
+    """What a proposer sees of one request: its id and its tokens so far (read-only views of the
+    engine's lists: copy what you keep)."""
+
+    request_id: str
+    prompt_token_ids: Sequence[int]
+    output_token_ids: Sequence[int]
+    """Generated so far; the last one is the token the drafts follow."""
+
+
+class DraftProposer(ABC):
+    """Proposes draft tokens for a batch of decoding requests each step.
+
+    Built once per engine by ``cls(config, vocab_size)``: ``config`` is the engine's validated
+    :class:`~kvserve.config.SpeculativeConfig` (its ``method`` is this proposer's registry name;
+    read the fields that concern you, e.g. ``prompt_lookup_min``), ``vocab_size`` the target
+    model's vocabulary (every draft id must be below it).
+    """
+
+    name: ClassVar[str]
+    """The registry name, selected by ``speculative_config["method"]``."""
+
+    def __init__(self, config: SpeculativeConfig, vocab_size: int) -> None:
+        """Keep the config and the vocabulary size (as :attr:`config` and :attr:`vocab_size`)."""
+        self.config = config
+        self.vocab_size = vocab_size
+
+    @abstractmethod
+    def propose(self, requests: Sequence[DraftRequest], num_tokens: Sequence[int]) -> list[list[int]]:
+        """Drafts for each request: ``result[i]`` guesses the tokens after the last token of
+        ``requests[i]``, in order, at most ``num_tokens[i]`` of them (0 means none is wanted; an
+        empty list is always allowed: nothing worth guessing). Every id is an ``int`` in
+        ``[0, vocab_size)``. Deterministic: the same tokens give the same drafts, whatever else is in
+        the batch. Called once per step, on the engine's thread, with the requests that decode next."""
+
+    def forget(self, request_id: str) -> None:  # noqa: B027 - stateless proposers keep nothing
+        """``request_id`` finished (or was aborted): drop whatever is kept for it."""
