@@ -109,3 +109,19 @@ def build_tiny_model(
     model.save_pretrained(path, safe_serialization=True)
     build_tokenizer(path, config.vocab_size)
     return path
+
+
+def served_model_type() -> str:
+    """A transformers model type whose causal-LM architecture an installed model plugin serves (the first
+    in registration order), for contracts that need some model to run the engine on; PluginError when
+    none is installed."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    from kvserve.errors import PluginError
+    from kvserve.plugins import get_plugin_manager
+
+    model_types = {architecture: model_type for model_type, architecture in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items()}
+    for name in get_plugin_manager().registry("model").names():
+        if name in model_types:
+            return model_types[name]
+    raise PluginError("no installed model plugin serves a transformers causal-LM architecture to build a tiny model of")

@@ -39,11 +39,11 @@ def token_histories(rng: random.Random, count: int) -> list[tuple[list[int], lis
 
 
 @cache
-def tiny_model_directory(root: str) -> Path:
-    """A tiny random Llama with its tokenizer, built once per directory."""
+def tiny_model_directory(root: str, model_type: str) -> Path:
+    """A tiny random model of ``model_type`` with its tokenizer, built once per directory."""
     from kvserve.testing.hf_models import build_tiny_model
 
-    return build_tiny_model("llama", Path(root) / "tiny-llama", vocab_size=VOCAB)
+    return build_tiny_model(model_type, Path(root) / f"tiny-{model_type}", vocab_size=VOCAB)
 
 
 class DraftProposerContract(ComponentContract):
@@ -52,6 +52,7 @@ class DraftProposerContract(ComponentContract):
     class TestMyProposer(DraftProposerContract):
         proposer = "my_method"
         speculative_fields = {"my_option": 3}  # the method's own config fields, if any
+        model_type = "<a transformers model type>"  # optional: else one an installed model plugin serves
     """
 
     kind = "proposer"
@@ -60,6 +61,10 @@ class DraftProposerContract(ComponentContract):
     """``speculative_config`` fields besides ``method`` and ``num_speculative_tokens`` the contract uses."""
 
     num_speculative_tokens: ClassVar[int] = 4
+
+    model_type: ClassVar[str | None] = None
+    """A transformers model type (``build_tiny_model``) the engine checks run a tiny random model of; None:
+    one an installed model plugin serves."""
 
     def speculative_config(self) -> dict[str, Any]:
         """The ``speculative_config`` the contract runs the proposer with."""
@@ -118,7 +123,10 @@ class DraftProposerContract(ComponentContract):
 
     @pytest.fixture(scope="class")
     def tiny_model(self, tmp_path_factory) -> Path:
-        return tiny_model_directory(str(tmp_path_factory.mktemp("proposer-contract")))
+        from kvserve.testing.hf_models import served_model_type
+
+        model_type = self.model_type or served_model_type()
+        return tiny_model_directory(str(tmp_path_factory.mktemp("proposer-contract")), model_type)
 
     @pytest.mark.parametrize(
         "engine_fields",
