@@ -33,6 +33,17 @@ SERVING_MAX_DECODE_SLOWDOWN = 2.0
 decode-only one, so no stream stalls behind a long prompt (issue 14's p99 step under 2x the median)."""
 
 
+def json_text(value: Any) -> Any:
+    """A mapping field's value as given: JSON text (a ``--*-config`` flag, a ``KVSERVE_*`` variable) is
+    parsed, anything else passed on; text that is not JSON is refused saying so."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except ValueError as exc:
+        raise ValueError(f"not JSON: {exc}") from None
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
 
@@ -81,16 +92,7 @@ class ModelConfig(_Section):
             raise ValueError(f"expected auto, vllm or a folder holding a generation_config.json; {value} has none")
         return value
 
-    @field_validator("override_generation_config", mode="before")
-    @classmethod
-    def _override_json_text(cls, value: Any) -> Any:
-        # --override-generation-config '{"temperature": 0.5}' and KVSERVE_* env vars arrive as text.
-        if not isinstance(value, str):
-            return value
-        try:
-            return json.loads(value)
-        except ValueError as exc:
-            raise ValueError(f"not JSON: {exc}") from None
+    _override_json_text = field_validator("override_generation_config", mode="before")(json_text)
 
     @field_validator("override_generation_config")
     @classmethod
@@ -271,21 +273,7 @@ class DecodingConfig(_Section):
         "prompt_lookup_max, prompt_lookup_min, disable_by_batch_size; None: off",
     )
 
-    @field_validator("speculative_config", mode="before")
-    @classmethod
-    def _speculative_json_text(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            try:
-                return json.loads(value)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"not JSON: {exc}") from None
-        return value
-
-    @field_validator("structured_outputs_config", mode="before")
-    @classmethod
-    def _json_text(cls, value: Any) -> Any:
-        # --structured-outputs-config '{"backend": "guidance"}' and KVSERVE_* env vars arrive as text.
-        return json.loads(value) if isinstance(value, str) else value
+    _json_text = field_validator("structured_outputs_config", "speculative_config", mode="before")(json_text)
 
 
 class ServerConfig(_Section):
