@@ -11,6 +11,7 @@ import torch
 
 from kvserve_cpu_native import (
     NativeBuildError,
+    build_directory,
     build_failure_reason,
     cache_directory,
     load_operators,
@@ -47,7 +48,7 @@ def test_operators_build_load_and_run(tmp_path, monkeypatch):
     assert torch.equal(x, torch.arange(10_000, dtype=torch.float32) * 0.5)
     with pytest.raises(RuntimeError, match="contiguous float32 only"):  # the operator's own check reaches Python
         torch.ops.kvserve_native_test.scale_(torch.ones(3, dtype=torch.float64), 2.0)
-    built = list(cache_directory().glob("kvserve_native_test/*.so"))
+    built = list(cache_directory().glob("kvserve_native_test/*/*.so"))
     assert built and str(cache_directory()).startswith(str(tmp_path / "cache")), built
 
 
@@ -87,8 +88,8 @@ def test_a_build_killed_midway_does_not_block_the_next_start(tmp_path):
     source = tmp_path / "scale.cpp"
     source.write_text(SCALE_SOURCE)
     script = (
-        "import sys, torch; from pathlib import Path; from kvserve_cpu_native import cache_directory, load_operators\n"
-        "build = cache_directory() / 'kvserve_native_test'; build.mkdir(parents=True)\n"
+        "import sys, torch; from pathlib import Path; from kvserve_cpu_native import build_directory, load_operators\n"
+        "build = build_directory('kvserve_native_test', (Path(sys.argv[1]),)); build.mkdir(parents=True)\n"
         "(build / 'lock').touch()  # as a killed builder leaves it\n"
         "load_operators('kvserve_native_test', (Path(sys.argv[1]),))\n"
         "x = torch.ones(3); torch.ops.kvserve_native_test.scale_(x, 2.0); print(x.tolist())\n"
@@ -102,3 +103,20 @@ def test_a_build_killed_midway_does_not_block_the_next_start(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().endswith("[2.0, 2.0, 2.0]")
+
+
+def test_each_version_of_the_sources_keeps_its_own_build(tmp_path, monkeypatch):
+    """Two checkouts of a plugin with different kernels must not rebuild over each other at every
+    start: the build folder follows the sources' and their headers' content, not their path."""
+    monkeypatch.setenv("KVSERVE_NATIVE_CACHE", str(tmp_path / "cache"))
+    first, second = tmp_path / "a" / "scale.cpp", tmp_path / "b" / "scale.cpp"
+    for source in (first, second):
+        source.parent.mkdir()
+        source.write_text(SCALE_SOURCE)
+    assert build_directory("ops", (first,)) == build_directory("ops", (second,))
+    (second.parent / "helpers.h").write_text("#pragma once\n")
+    assert build_directory("ops", (first,)) != build_directory("ops", (second,))
+    second.write_text(SCALE_SOURCE + "\n// changed\n")
+    (second.parent / "helpers.h").unlink()
+    assert build_directory("ops", (first,)) != build_directory("ops", (second,))
+    assert build_directory("ops", (first,)).parent == cache_directory() / "ops"

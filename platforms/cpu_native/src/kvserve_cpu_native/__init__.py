@@ -6,10 +6,10 @@ so that kvserve-core names no device or instruction set).
 A plugin keeps its kernels as ``.cpp`` files that register ``torch.library`` operators
 (``TORCH_LIBRARY(namespace, m)``); :func:`load_operators` compiles them with torch's own JIT
 extension build (``torch.utils.cpp_extension.load``: the installed torch's headers and ABI, ninja,
-the system C++ compiler) into ``~/.cache/kvserve/torch_extensions/<python>-<torch>``. torch
-rebuilds only when a source changes, so only a machine's first start pays the compile (a few
-seconds). Building on the machine that runs it allows ``-march=native``: the kernels get the
-vector instructions this CPU has without a wheel per instruction set.
+the system C++ compiler) into ``~/.cache/kvserve/torch_extensions/<python>-<torch>-<cpu>/<name>/<sources'
+hash>``, so only the first start with those sources pays the compile (a few seconds). Building on
+the machine that runs it allows ``-march=native``: the kernels get the vector instructions this
+CPU has without a wheel per instruction set.
 
 Where no compiler or ninja is available the build fails with :class:`NativeBuildError`; a
 plugin then keeps its portable path and says why: :func:`unavailable_reason` gives that sentence
@@ -91,6 +91,17 @@ def build_failure_reason() -> str | None:
     return None
 
 
+def build_directory(name: str, sources: tuple[Path, ...]) -> Path:
+    """The build folder of library ``name`` from ``sources``: one per content of the sources and the
+    headers beside them, so two installed versions of a plugin (two checkouts, two venvs) each keep
+    their build instead of rebuilding over each other at every start."""
+    digest = hashlib.sha256()
+    files = {*sources, *(header for source in sources for header in Path(source).parent.glob("*.h"))}
+    for path in sorted(files, key=str):
+        digest.update(Path(path).name.encode() + b"\0" + Path(path).read_bytes())
+    return cache_directory() / name / digest.hexdigest()[:16]
+
+
 @functools.cache
 def load_operators(name: str, sources: tuple[Path, ...], openmp: bool = True) -> None:
     """Build (or reuse the cached build of) ``sources`` as the library ``name`` and load it into
@@ -110,7 +121,7 @@ def load_operators(name: str, sources: tuple[Path, ...], openmp: bool = True) ->
 
     from torch.utils.cpp_extension import load
 
-    build_dir = cache_directory() / name
+    build_dir = build_directory(name, sources)
     build_dir.mkdir(parents=True, exist_ok=True)
     flags = ["-O3", "-march=native", "-std=c++17", "-Wno-unused-parameter"] + (["-fopenmp"] if openmp else [])
     # torch's own guard is a ``lock`` file its builder deletes when done; a builder that was killed
