@@ -529,9 +529,12 @@ void configure_tiles() {
 // 1.06-1.08x at 64, unchanged at 1 row (already at the memory's bandwidth); in the engine, bfloat16
 // 1.10x on the 125M Llama's 32-sequence decode and 1.03x on SmolLM2's chat mix. 4-8 KiB ahead gained
 // less or nothing, 16 KiB ahead into L2 nothing.
-// Rows are zero-padded to whole tiles.
-void run_amx(const c10::BFloat16* x, int64_t M, int64_t K, const c10::BFloat16* packed, int64_t N,
-             const c10::BFloat16* bias, c10::BFloat16* out) {
+// Rows are zero-padded to whole tiles. `panel_of(p, buffer)` gives panel p's bfloat16 pairs (all k):
+// the packed weight's own, or FP8 weights converted into the thread's buffer; `scale` (null: none, else
+// one or one per column) multiplies the sums before the bias is added.
+template <typename PanelOf>
+void run_amx_panels(const c10::BFloat16* x, int64_t M, int64_t K, int64_t N, const float* scale, bool per_column,
+                    const c10::BFloat16* bias, c10::BFloat16* out, PanelOf panel_of) {
   const int64_t padded_rows = (M + kAmxRows - 1) / kAmxRows * kAmxRows;
   std::vector<c10::BFloat16> padded;
   if (padded_rows != M) {  // whole tiles: rows past M zero
@@ -546,10 +549,11 @@ void run_amx(const c10::BFloat16* x, int64_t M, int64_t K, const c10::BFloat16* 
   at::parallel_for(0, N / kAmxPanel, 1, [&](int64_t p0, int64_t p1) {
     configure_tiles();
     alignas(64) float c[2 * kAmxRows * kAmxPanel];
+    std::vector<c10::BFloat16> buffer;
     for (int64_t mb = 0; mb < padded_rows; mb += kAmxRowBlock) {
      for (int64_t p = p0; p < p1; ++p) {
       const int64_t n0 = p * kAmxPanel;
-      const char* w = reinterpret_cast<const char*>(packed + n0 * K);
+      const char* w = reinterpret_cast<const char*>(panel_of(p, buffer));
       for (int64_t m0 = mb; m0 < std::min(padded_rows, mb + kAmxRowBlock); m0 += 2 * kAmxRows) {
         const bool two = m0 + kAmxRows < padded_rows;
         _tile_zero(0);
@@ -584,15 +588,23 @@ void run_amx(const c10::BFloat16* x, int64_t M, int64_t K, const c10::BFloat16* 
         const int64_t rows = std::min(2 * kAmxRows, M - m0);
         for (int64_t b = 0; b < 2; ++b) {
           const __m512 add = bias ? load_bias(bias + n0 + 16 * b, 0xFFFF) : _mm512_setzero_ps();
-          for (int64_t i = 0; i < rows; ++i)
+          const __m512 times = !scale ? _mm512_set1_ps(1.0f)
+                               : per_column ? _mm512_loadu_ps(scale + n0 + 16 * b) : _mm512_set1_ps(*scale);
+          for (int64_t i = 0; i < rows; ++i)  // times 1 is exact: the dense sums as they were
             store_out(out + (m0 + i) * N + n0 + 16 * b, 0xFFFF,
-                      _mm512_add_ps(_mm512_load_ps(c + i * kAmxPanel + 16 * b), add));
+                      _mm512_fmadd_ps(_mm512_load_ps(c + i * kAmxPanel + 16 * b), times, add));
         }
       }
      }
     }
     _tile_release();
   });
+}
+
+void run_amx(const c10::BFloat16* x, int64_t M, int64_t K, const c10::BFloat16* packed, int64_t N,
+             const c10::BFloat16* bias, c10::BFloat16* out) {
+  run_amx_panels(x, M, K, N, nullptr, false, bias, out,
+                 [&](int64_t p, std::vector<c10::BFloat16>&) { return packed + p * kAmxPanel * K; });
 }
 
 #endif  // KVSERVE_AMX
@@ -610,6 +622,9 @@ void run_amx(const c10::BFloat16* x, int64_t M, int64_t K, const c10::BFloat16* 
 // Up to kFp8StageRows rows every row tile converts the panel in its registers (decode: no copy of
 // any weight); above, a panel's chunk of k is converted once into a per-thread bfloat16 buffer that
 // all the row tiles read (prefill), so converting costs no more than the chunk's multiplies.
+// AMX (bfloat16 x, weights whose sizes fill its tiles, as for bfloat16 weights): the converted pairs
+// are the tiles' weight operand, so a panel's k steps are converted into L1 buffers that the tiles
+// load (up to 32 rows), or a whole panel into a per-thread buffer shared by every row group (more).
 // Needs AVX512-VBMI (the byte lookups); bfloat16 x also AVX512-BF16. Without them (AVX2-only CPUs)
 // fp8_supports() is false and the caller keeps its own path.
 
@@ -824,6 +839,77 @@ void run_fp8(const T* x, int64_t M, int64_t K, const uint8_t* packed, int64_t N,
   });
 }
 
+#if defined(KVSERVE_AMX)
+// More than 32 rows: each panel converted whole (its k pairs in the layout the tiles load) into the
+// thread's buffer, once per block of 128 rows, then multiplied on tiles as bfloat16 weights are.
+static_assert(kFp8Panel == kAmxPanel, "an FP8 panel converts into one AMX panel");
+
+// Up to 32 rows (one pass of two tile groups): each k step of a panel is converted into one of two
+// L1 buffers just before its tiles load it, so no converted panel leaves L1.
+void run_fp8_amx_decode(const c10::BFloat16* x, int64_t M, int64_t K, const uint8_t* packed, int64_t N,
+                        const float* scale, bool per_column, const c10::BFloat16* bias, c10::BFloat16* out) {
+  const int64_t padded_rows = (M + kAmxRows - 1) / kAmxRows * kAmxRows;
+  std::vector<c10::BFloat16> padded(padded_rows * K, c10::BFloat16(0.0f));
+  std::memcpy(padded.data(), x, M * K * sizeof(c10::BFloat16));
+  constexpr int64_t ldw = kAmxPanel * 2 * sizeof(c10::BFloat16);
+  constexpr int64_t ldc = kAmxPanel * sizeof(float);
+  const int64_t ldx = K * sizeof(c10::BFloat16);
+  const bool two = padded_rows > kAmxRows;
+  at::parallel_for(0, N / kAmxPanel, 1, [&](int64_t p0, int64_t p1) {
+    configure_tiles();
+    alignas(64) float c[2 * kAmxRows * kAmxPanel];
+    alignas(64) c10::BFloat16 steps[2][kAmxK * kAmxPanel];
+    const char* xm = reinterpret_cast<const char*>(padded.data());
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t n0 = p * kAmxPanel;
+      const uint8_t* panel = packed + n0 * K;
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+      for (int64_t k = 0; k < K; k += kAmxK) {
+        c10::BFloat16* step = steps[(k / kAmxK) % 2];
+        convert_fp8_chunk(panel, kAmxPanel, k, k + kAmxK, step);
+        const char* wk = reinterpret_cast<const char*>(step);
+        const char* xk = xm + k * sizeof(c10::BFloat16);
+        _tile_loadd(6, wk, ldw);
+        _tile_loadd(7, wk + 64, ldw);
+        _tile_loadd(4, xk, ldx);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        if (two) {
+          _tile_loadd(5, xk + kAmxRows * ldx, ldx);
+          _tile_dpbf16ps(2, 5, 6);
+          _tile_dpbf16ps(3, 5, 7);
+        }
+      }
+      _tile_stored(0, c, ldc);
+      _tile_stored(1, c + 16, ldc);
+      if (two) {
+        _tile_stored(2, c + kAmxRows * kAmxPanel, ldc);
+        _tile_stored(3, c + kAmxRows * kAmxPanel + 16, ldc);
+      }
+      for (int64_t b = 0; b < 2; ++b) {
+        const __m512 add = bias ? load_bias(bias + n0 + 16 * b, 0xFFFF) : _mm512_setzero_ps();
+        const __m512 times = per_column ? _mm512_loadu_ps(scale + n0 + 16 * b) : _mm512_set1_ps(*scale);
+        for (int64_t i = 0; i < M; ++i)
+          store_out(out + i * N + n0 + 16 * b, 0xFFFF, _mm512_fmadd_ps(_mm512_load_ps(c + i * kAmxPanel + 16 * b), times, add));
+      }
+    }
+    _tile_release();
+  });
+}
+
+void run_fp8_amx(const c10::BFloat16* x, int64_t M, int64_t K, const uint8_t* packed, int64_t N, const float* scale,
+                 bool per_column, const c10::BFloat16* bias, c10::BFloat16* out) {
+  run_amx_panels(x, M, K, N, scale, per_column, bias, out, [&](int64_t p, std::vector<c10::BFloat16>& buffer) {
+    buffer.resize(K * kFp8Panel);
+    convert_fp8_chunk(packed + p * kFp8Panel * K, kFp8Panel, 0, K, buffer.data());
+    return static_cast<const c10::BFloat16*>(buffer.data());
+  });
+}
+#endif
+
 #endif  // KVSERVE_FP8
 
 at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale,
@@ -849,6 +935,14 @@ at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& packed, const at::T
   if (M > 0 && x.scalar_type() == at::kFloat)
     run_fp8<float>(rows.data_ptr<float>(), M, K, w, N, scale.data_ptr<float>(), per_column,
                    bias ? bias->data_ptr<float>() : nullptr, out.data_ptr<float>());
+#if defined(KVSERVE_AMX)
+  else if (M > 0 && M <= 2 * kAmxRows && on_amx(at::kBFloat16, N, K))
+    run_fp8_amx_decode(rows.data_ptr<c10::BFloat16>(), M, K, w, N, scale.data_ptr<float>(), per_column,
+                       bias ? bias->data_ptr<c10::BFloat16>() : nullptr, out.data_ptr<c10::BFloat16>());
+  else if (M > 0 && on_amx(at::kBFloat16, N, K))
+    run_fp8_amx(rows.data_ptr<c10::BFloat16>(), M, K, w, N, scale.data_ptr<float>(), per_column,
+                bias ? bias->data_ptr<c10::BFloat16>() : nullptr, out.data_ptr<c10::BFloat16>());
+#endif
   else if (M > 0)
     run_fp8<c10::BFloat16>(rows.data_ptr<c10::BFloat16>(), M, K, w, N, scale.data_ptr<float>(), per_column,
                            bias ? bias->data_ptr<c10::BFloat16>() : nullptr, out.data_ptr<c10::BFloat16>());
