@@ -645,6 +645,11 @@ bool fp8_supports(at::ScalarType dtype) {
 constexpr int64_t kFp8Panel = 32;      // output columns per panel: two vectors of 16 float32
 constexpr int64_t kFp8StageK = 256;    // k per chunk a staged panel is converted in: 16 KiB of bfloat16
 constexpr int64_t kFp8StageRows = 16;  // more rows than this share one conversion per chunk
+// FP8 bytes prefetched ahead of the conversion, into L1. At 8 rows on the 2-core Xeon (AMX path, the
+// projections of a 16-layer 768-wide Llama in turn, one thread, a shared machine) FP8 weights ran
+// 1.16x faster than bfloat16 ones without it, 1.44x at 1 KiB ahead, 1.72x at 2 KiB (4 KiB: slower at 8
+// rows on two threads).
+constexpr int64_t kFp8Ahead = 2048;
 
 void check_fp8_weight(const at::Tensor& weight) {
   TORCH_CHECK(weight.dim() == 2 && weight.is_contiguous() && weight.device().is_cpu() &&
@@ -721,12 +726,11 @@ inline __mmask64 fp8_pair_bytes(int64_t r) { return r >= kFp8Panel ? ~0ULL : (1U
 // its weights converted from the panel's bytes (STAGED false) or read from `wide`, the chunk starting
 // at k0 already converted (32 columns' bfloat16 pairs per k pair). Accumulators start at zero (first)
 // or from the scratch c and go back to c, or, on the last chunk, times the scale plus the bias into
-// out. The fp8 stream prefetches `ahead` bytes on, into L1.
+// out. The fp8 stream prefetches kFp8Ahead bytes on, into L1.
 template <typename T, int ROWS, bool STAGED>
 void fp8_tile(const T* x, int64_t ldx, const uint8_t* panel, const c10::BFloat16* wide, int64_t r, int64_t k0,
               int64_t k1, float* c, bool first, bool last, const float* scale, bool per_column, const T* bias,
               T* out, int64_t ldo) {
-  constexpr int64_t ahead = 1024;
   const Fp8Lut lut;
   const __mmask64 bytes = fp8_pair_bytes(r);
   __m512 acc[ROWS][2];
@@ -742,7 +746,7 @@ void fp8_tile(const T* x, int64_t ldx, const uint8_t* panel, const c10::BFloat16
       w1 = _mm512_loadu_si512(wk + 32);
     } else {
       const uint8_t* wk = panel + k * r;  // this k pair's 2r bytes
-      _mm_prefetch(reinterpret_cast<const char*>(wk) + ahead, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(wk) + kFp8Ahead, _MM_HINT_T0);
       fp8_to_bf16(_mm512_maskz_loadu_epi8(bytes, wk), lut, w0, w1);
     }
     if constexpr (std::is_same_v<T, c10::BFloat16>) {
@@ -799,6 +803,7 @@ void convert_fp8_chunk(const uint8_t* panel, int64_t r, int64_t k0, int64_t k1, 
   const __mmask64 bytes = fp8_pair_bytes(r);
   for (int64_t k = k0; k < k1; k += 2) {
     __m512i w0, w1;
+    _mm_prefetch(reinterpret_cast<const char*>(panel + k * r) + kFp8Ahead, _MM_HINT_T0);
     fp8_to_bf16(_mm512_maskz_loadu_epi8(bytes, panel + k * r), lut, w0, w1);
     _mm512_storeu_si512(wide + (k - k0) * kFp8Panel, w0);
     _mm512_storeu_si512(wide + (k - k0) * kFp8Panel + 32, w1);
