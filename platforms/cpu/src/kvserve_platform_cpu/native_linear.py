@@ -15,9 +15,10 @@ neither oneDNN nor ``F.linear`` has a fast bfloat16 path (5-7x slower at 32 rows
 figures are in ``csrc/linear.cpp``).
 
 FP8 (E4M3) weights: :meth:`NativeLinearKernel.pack_quantized` keeps them one byte an element, packed
-into panels, and the kernel converts them to bfloat16 in registers as it multiplies (``csrc/linear.cpp``),
-float32 and bfloat16 activations, one scale per tensor or per output feature; on AVX-512 with VBMI
-only (elsewhere the quantization method keeps its own path).
+into panels, and the kernel converts them to bfloat16 in registers as it multiplies (on AMX, a k step
+at a time into L1 buffers the tiles load; ``csrc/linear.cpp``), float32 and bfloat16 activations, one
+scale per tensor or per output feature; on AVX-512 with VBMI only (elsewhere, AVX2-only CPUs
+included, the quantization method keeps its own path: the weight dequantized per layer).
 
 Built on first use by :mod:`kvserve_cpu_native`; where it cannot be, oneDNN's kernel serves every dtype
 and the start-up log says why.
