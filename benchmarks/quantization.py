@@ -5,13 +5,16 @@ intermediate 2048, GQA 12/4 heads), built locally; FP8 is online dynamic FP8
 (``quantization="fp8"`` on the bf16 checkpoint: the same FP8 layers a checkpoint loads into),
 AWQ a 4-bit group-128 GEMM checkpoint packed with the AWQ contract's reference packer.
 Everything runs in bf16 activations. Prefill: a few long prompts, one output token each.
-Decode: a batch of short prompts generating a fixed number of tokens (decode-dominated).
+Decode: a batch of short prompts generating a fixed number of tokens (decode-dominated);
+``--decode-rounds N`` measures it N times, alternating between the variants with every engine
+loaded, and reports medians (fairer on a busy machine than one engine after the other).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -71,27 +74,32 @@ def main() -> None:
     parser.add_argument("--prefill-len", type=int, default=256)
     parser.add_argument("--decode-prompts", type=int, default=8)
     parser.add_argument("--decode-len", type=int, default=32)
+    parser.add_argument("--decode-rounds", type=int, default=1, help="decode rounds, alternating variants (medians)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         base = build_tiny_model("llama", Path(tmp) / "bf16", **MODEL)
         awq = awq_checkpoint(base, Path(tmp) / "awq")
         variants = {"bf16": (base, {}), "fp8 (online)": (base, {"quantization": "fp8"}), "awq g128": (awq, {})}
-        rows = []
+        llms, weight_bytes, prefill, decode = {}, {}, {}, {label: [] for label in variants}
         for label, (path, fields) in variants.items():
-            llm = LLM(str(path), dtype="bfloat16", max_model_len=1024, num_kv_blocks=160, **fields)
+            llm = llms[label] = LLM(str(path), dtype="bfloat16", max_model_len=1024, num_kv_blocks=160, **fields)
             vocab = llm.engine.hf_config.vocab_size
-            weight_bytes = sum(p.numel() * p.element_size() for p in llm.engine.model.parameters())
+            weight_bytes[label] = sum(p.numel() * p.element_size() for p in llm.engine.model.parameters())
             measure(llm, random_prompt_ids(vocab, 2, 16, seed=9), 2)  # warm-up
             long = random_prompt_ids(vocab, args.prefill_prompts, args.prefill_len, seed=1)
             prefill_s, _ = measure(llm, long, 1)
-            short = random_prompt_ids(vocab, args.decode_prompts, 16, seed=2)
-            decode_s, generated = measure(llm, short, args.decode_len)
-            rows.append((label, weight_bytes, generated / decode_s, sum(map(len, long)) / prefill_s))
-            del llm
+            prefill[label] = sum(map(len, long)) / prefill_s
+        short = random_prompt_ids(vocab, args.decode_prompts, 16, seed=2)
+        for _ in range(args.decode_rounds):
+            for label, llm in llms.items():
+                decode_s, generated = measure(llm, short, args.decode_len)
+                decode[label].append(generated / decode_s)
+        rows = [(label, weight_bytes[label], statistics.median(decode[label]), prefill[label]) for label in variants]
     print(
         f"random-weight Llama, {MODEL['num_hidden_layers']} layers, hidden {MODEL['hidden_size']}, bf16 activations, "
         f"{torch.get_num_threads()} threads; prefill {args.prefill_prompts}x{args.prefill_len} tokens, "
         f"decode {args.decode_prompts} prompts x {args.decode_len} tokens"
+        + (f", median of {args.decode_rounds} alternating rounds" if args.decode_rounds > 1 else "")
     )
     print(f"{'weights':<14}{'weight MiB':>12}{'decode tok/s':>14}{'prefill tok/s':>15}")
     for label, weight_bytes, decode, prefill in rows:

@@ -19,6 +19,10 @@ class LinearKernel(ABC):
     takes the dense weight's place (the original is freed, so memory is not doubled) and the
     layer computes through :meth:`apply` from then on. Packing is a per-shape, per-dtype choice:
     :meth:`pack` returns ``None`` where the kernel does not beat ``torch.nn.functional.linear``.
+
+    A kernel may also multiply weight-only quantized weights (:meth:`pack_quantized`): a
+    quantization method that finds its format served there (``QuantizationMethod.use_linear_kernel``)
+    keeps its layer's weight in that format and computes through :meth:`apply_quantized`.
     """
 
     name: str
@@ -44,3 +48,25 @@ class LinearKernel(ABC):
         packed tensor a graph input): when ``torch.compiler.is_compiling()`` it must call only ops
         dynamo traces and inductor compiles, e.g. one opaque ``torch.library.custom_op`` with a
         fake implementation giving the output's shape."""
+
+    def pack_quantized(self, weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+        """A weight-only quantized weight ``W = weight.float() * scale`` in this kernel's layout, for
+        activations of ``dtype``; ``None`` (the default) where the kernel does not run ``weight``'s
+        dtype, its shape or ``dtype`` activations, and the quantization method keeps its own path.
+
+        ``weight`` is ``[out_features, in_features]`` in a narrow dtype (e.g. ``torch.float8_e4m3fn``)
+        on the platform's device; ``scale`` is float32, one per tensor (``[]`` or ``[1]``) or one per
+        output feature (``[out_features, 1]``). Called once per layer, before any forward; the result
+        must not share memory with ``weight`` (the caller frees it) and must keep its ``shape`` and
+        ``dtype``, so the layer holds the quantized bytes and no wider copy.
+        """
+        return None
+
+    def apply_quantized(
+        self, x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        """``x @ (W * scale).T + bias`` for ``x`` of shape ``[..., in_features]`` in the ``dtype``
+        :meth:`pack_quantized` took, where ``packed`` is what it returned for ``W`` and ``scale`` the
+        scale it was given; a new contiguous tensor of ``x``'s dtype. Under ``torch.compile`` the same
+        rule as :meth:`apply`: one opaque op with a fake implementation."""
+        raise NotImplementedError(f"{type(self).__name__} packs no quantized weights")

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 if TYPE_CHECKING:
     import torch
 
+    from kvserve.interfaces.linear_kernel import LinearKernel
     from kvserve.interfaces.platform import Platform
 
 
@@ -118,6 +119,17 @@ class QuantizationMethod(ABC):
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:  # noqa: B027 - optional hook
         """Repack loaded parameters into the form :meth:`apply` uses (optional); runs once per layer."""
+
+    def use_linear_kernel(self, layer: torch.nn.Module, kernel: LinearKernel) -> bool:
+        """Move a loaded layer onto the platform's ``kernel`` where it runs this format
+        (``kernel.pack_quantized``), returning whether it did; the default (False) leaves the layer
+        on :meth:`apply`'s own path.
+
+        Called once per layer after :meth:`process_weights_after_loading`, only where the platform
+        offers a :class:`LinearKernel`; the method then chooses per layer (shape, dtype) and keeps
+        its own path for what the kernel refuses.
+        """
+        return False
 
     @abstractmethod
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -32,34 +32,43 @@ class PackingReport:
     dense_layers: int
     """Unquantized linear layers the kernel left on ``F.linear`` (its choice, by shape or dtype)."""
     lm_head: bool
+    quantized_layers: int = 0
+    """Quantized linear layers whose method moved them onto the kernel (``use_linear_kernel``)."""
 
     def __str__(self) -> str:
         head = " + lm_head" if self.lm_head else ""
-        return f"{self.kernel} ({self.packed_layers}/{self.packed_layers + self.dense_layers} linear layers{head})"
+        quantized = f" + {self.quantized_layers} quantized" if self.quantized_layers else ""
+        layers = f"{self.packed_layers}/{self.packed_layers + self.dense_layers} linear layers"
+        return f"{self.kernel} ({layers}{head}{quantized})"
 
 
 def pack_linear_weights(model: torch.nn.Module, kernel: LinearKernel) -> PackingReport:
     """Repack, once after loading, every unquantized linear layer's weight and the model's
     ``lm_head`` (a :class:`VocabEmbedding`) where ``kernel.pack`` takes them.
 
-    Layers of a quantization method (or of a subclass of the unquantized one) are left alone:
-    their parameters are the method's own format. The dense weight a packed one replaces is
-    freed; a tied LM head keeps it, as the token embedding still reads it.
+    Layers of a quantization method (or of a subclass of the unquantized one) keep their
+    parameters in the method's own format: the method moves them onto the kernel itself where the
+    kernel runs that format (``QuantizationMethod.use_linear_kernel``). The dense weight a packed
+    one replaces is freed; a tied LM head keeps it, as the token embedding still reads it.
     """
     method = PackedLinearMethod(kernel)
-    packed = dense = 0
+    packed = dense = quantized = 0
     for module in model.modules():
-        if isinstance(module, LinearBase) and type(module.quant_method) is UnquantizedLinearMethod:
-            weight = kernel.pack(module.weight.data)
-            if weight is None:
-                dense += 1
-                continue
-            module.weight = torch.nn.Parameter(weight, requires_grad=False)
-            module.quant_method = method
-            packed += 1
+        if not isinstance(module, LinearBase):
+            continue
+        if type(module.quant_method) is not UnquantizedLinearMethod:
+            quantized += module.quant_method.use_linear_kernel(module, kernel)
+            continue
+        weight = kernel.pack(module.weight.data)
+        if weight is None:
+            dense += 1
+            continue
+        module.weight = torch.nn.Parameter(weight, requires_grad=False)
+        module.quant_method = method
+        packed += 1
     head = getattr(model, "lm_head", None)
     lm_head = False
     if isinstance(head, VocabEmbedding):
         tied = sum(m is head for _, m in model.named_modules(remove_duplicate=False)) > 1
         lm_head = head.pack_head(kernel, keep_embedding=tied)
-    return PackingReport(kernel.name, packed, dense, lm_head)
+    return PackingReport(kernel.name, packed, dense, lm_head, quantized)

@@ -14,6 +14,12 @@ it runs float32 and bfloat16 as float32 FMA, bfloat16 weights widened as they ar
 neither oneDNN nor ``F.linear`` has a fast bfloat16 path (5-7x slower at 32 rows; the sweep's
 figures are in ``csrc/linear.cpp``).
 
+FP8 (E4M3) weights: :meth:`NativeLinearKernel.pack_quantized` keeps them one byte an element, packed
+into panels, and the kernel converts them to bfloat16 in registers as it multiplies (on AMX, a k step
+at a time into L1 buffers the tiles load; ``csrc/linear.cpp``), float32 and bfloat16 activations, one
+scale per tensor or per output feature; on AVX-512 with VBMI only (elsewhere, AVX2-only CPUs
+included, the quantization method keeps its own path: the weight dequantized per layer).
+
 Built on first use by :mod:`kvserve_cpu_native`; where it cannot be, oneDNN's kernel serves every dtype
 and the start-up log says why.
 """
@@ -46,6 +52,9 @@ class NativeLinearKernel(LinearKernel):
         _register_fake()
         ops = getattr(torch.ops, LIBRARY)
         self._pack, self._linear, self._on_amx = ops.pack.default, ops.linear.default, ops.on_amx.default
+        self._pack_fp8, self._fp8_linear = ops.pack_fp8.default, ops.fp8_linear.default
+        self.fp8_dtypes = frozenset(d for d in (torch.float32, torch.bfloat16) if ops.fp8_supports(d))
+        """Activation dtypes the kernel multiplies FP8 weights in (none without AVX-512 VBMI)."""
         self.name = ops.isa()
         """The instruction set the products run on, ``avx512`` or ``avx2``; ``avx512+amx`` once it has
         packed a weight that runs on AMX tiles (bfloat16 whose sizes fill them)."""
@@ -68,6 +77,24 @@ class NativeLinearKernel(LinearKernel):
         # The op has a fake implementation (_register_fake), so compiled graphs call it as an opaque kernel.
         return self._linear(x, packed, bias)
 
+    def pack_quantized(self, weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+        # K pairs multiply together, so an odd in_features stays on the method's own path.
+        if (
+            weight.dtype != torch.float8_e4m3fn
+            or dtype not in self.fp8_dtypes
+            or weight.device.type != "cpu"
+            or weight.dim() != 2
+            or weight.shape[1] % 2
+            or scale.numel() not in (1, weight.shape[0])
+        ):
+            return None
+        return self._pack_fp8(weight.contiguous())
+
+    def apply_quantized(
+        self, x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        return self._fp8_linear(x, packed, scale.reshape(-1), bias)
+
 
 @functools.cache
 def _register_fake() -> None:
@@ -75,6 +102,10 @@ def _register_fake() -> None:
 
     @torch.library.register_fake(f"{LIBRARY}::linear")
     def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return x.new_empty((*x.shape[:-1], packed.shape[0]))
+
+    @torch.library.register_fake(f"{LIBRARY}::fp8_linear")
+    def _(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return x.new_empty((*x.shape[:-1], packed.shape[0]))
 
 

@@ -37,8 +37,9 @@ class QuantizationMethodContract(ComponentContract):
     ``quantize`` and ``dequantize`` are the test's plain reference of the format (the defaults
     describe dense weights). A layer is built as the engine builds it: ``ColumnLinear(in, out,
     bias, method, prefix)`` under the model's default dtype; the checkpoint tensors are loaded
-    by name through ``kvserve.layers.load_checkpoint`` (as a model's ``load_weights`` does) and
-    ``process_weights_after_loading`` runs. Tests run on the first available platform; a
+    by name through ``kvserve.layers.load_checkpoint`` (as a model's ``load_weights`` does),
+    ``process_weights_after_loading`` runs and the layer is offered the platform's
+    ``LinearKernel`` (``use_linear_kernel``). Tests run on the first available platform; a
     dtype the method refuses there (``unsupported_reasons``) is skipped with its reasons.
     Checked:
 
@@ -127,15 +128,26 @@ class QuantizationMethodContract(ComponentContract):
             tensors["bias"] = torch.randn(out_features, generator=gen)
         return tensors
 
-    def build_layer(self, component: type, method: QuantizationMethod, shape, bias: bool, dtype: str, tensors):
+    def build_layer(
+        self, component: type, method: QuantizationMethod, shape, bias: bool, dtype: str, tensors, platform: Platform
+    ):
         """A loaded ColumnLinear named ``layer``, built and post-processed as the engine does."""
         with default_dtype(getattr(torch, dtype)):
             layer = ColumnLinear(shape[0], shape[1], bias, method, "layer")
         holder = torch.nn.Module()
         holder.layer = layer
         load_checkpoint(holder, ((f"layer.{name}", tensor) for name, tensor in tensors.items()))
-        layer.quant_method.process_weights_after_loading(layer)
+        self.finish_loading(layer, platform)
         return layer
+
+    @staticmethod
+    def finish_loading(layer: torch.nn.Module, platform: Platform) -> None:
+        """What the engine runs on a loaded layer: the method's post-processing, then the offer of
+        the platform's LinearKernel (``kvserve.layers.pack_linear_weights``)."""
+        layer.quant_method.process_weights_after_loading(layer)
+        kernel = platform.linear_kernel()
+        if kernel is not None:
+            layer.quant_method.use_linear_kernel(layer, kernel)
 
     def reference(self, tensors: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         """float64 ``x @ dequantize(tensors).T + bias``."""
@@ -168,7 +180,7 @@ class QuantizationMethodContract(ComponentContract):
         method = component(self.quant_config)
         self.require_supported(method, platform, dtype)
         tensors = self.checkpoint(*shape, bias, seed=1)
-        layer = self.build_layer(component, method, shape, bias, dtype, tensors)
+        layer = self.build_layer(component, method, shape, bias, dtype, tensors, platform)
         tolerance = self.reference_tolerance[dtype]
         for leading in [(5,), (2, 3)]:
             x = torch.randn(*leading, shape[0], generator=torch.Generator().manual_seed(2)).to(getattr(torch, dtype))
@@ -184,12 +196,12 @@ class QuantizationMethodContract(ComponentContract):
                 f"more than {tolerance} for {dtype} activations {tuple(x.shape)}"
             )
 
-    def test_error_against_the_float_weight_is_bounded(self, component, shape):
+    def test_error_against_the_float_weight_is_bounded(self, component, platform, shape):
         """Quantizing a float weight and applying it stays within :attr:`max_error` of the float layer."""
         gen = torch.Generator().manual_seed(3)
         weight = torch.randn(shape[1], shape[0], generator=gen) * shape[0] ** -0.5
         layer = self.build_layer(
-            component, component(self.quant_config), shape, False, "float32", self.quantize(weight)
+            component, component(self.quant_config), shape, False, "float32", self.quantize(weight), platform
         )
         x = torch.randn(16, shape[0], generator=gen)
         with torch.no_grad():
@@ -197,14 +209,14 @@ class QuantizationMethodContract(ComponentContract):
         bound = self.max_error + self.reference_tolerance["float32"]
         assert error <= bound, f"relative error {error:.3g} against the float weight exceeds max_error {self.max_error}"
 
-    def test_one_method_serves_many_layers(self, component):
+    def test_one_method_serves_many_layers(self, component, platform):
         """The engine gives one instance to every linear layer: layers must not share state through it."""
         method = component(self.quant_config)
         shape = self.shapes[0]
         layers = []
         for seed in range(3):
             tensors = self.checkpoint(*shape, True, seed=10 + seed)
-            layers.append((tensors, self.build_layer(component, method, shape, True, "float32", tensors)))
+            layers.append((tensors, self.build_layer(component, method, shape, True, "float32", tensors, platform)))
         x = torch.randn(4, shape[0], generator=torch.Generator().manual_seed(4))
         for index, (tensors, layer) in reversed(list(enumerate(layers))):
             with torch.no_grad():
@@ -232,7 +244,7 @@ class QuantizationMethodContract(ComponentContract):
         holder.attn = torch.nn.Module()
         holder.attn.qkv_proj = layer
         load_checkpoint(holder, load_file(file).items())
-        layer.quant_method.process_weights_after_loading(layer)
+        self.finish_loading(layer, platform)
         x = torch.randn(6, shape[0], generator=torch.Generator().manual_seed(5)).to(getattr(torch, dtype))
         with torch.no_grad():
             y = layer(x)
@@ -249,7 +261,7 @@ class QuantizationMethodContract(ComponentContract):
         method = component(self.quant_config)
         self.require_supported(method, platform, dtype)
         tensors = self.checkpoint(*shape, False, seed=6)
-        layer = self.build_layer(component, method, shape, False, dtype, tensors)
+        layer = self.build_layer(component, method, shape, False, dtype, tensors, platform)
         resident = sum(t.numel() * t.element_size() for t in [*layer.parameters(), *layer.buffers()])
         stored = sum(t.numel() * t.element_size() for t in tensors.values())
         assert resident <= self.max_resident_ratio * stored, (

@@ -1,9 +1,12 @@
 """What every FP8 format shares once loaded: an E4M3 weight ``[out, in]`` with one float32
 scale per tensor (``[]``) or per output channel (``[out, 1]``), ``W ≈ weight * weight_scale``.
 
-CPU: the weight is dequantized to the activation dtype inside the layer, one layer at a time
-(``torch._scaled_mm`` on CPU runs a reference path far slower than a dense matmul); fused
-shards keep their own per-tensor scales as per-row scales, exactly. CUDA with
+CPU: where the platform's ``LinearKernel`` multiplies FP8 weights (``pack_quantized``; the CPU
+platform's C++ kernel converts E4M3 to bfloat16 in registers), the layer keeps its weight in FP8,
+in that kernel's layout, and computes through it (:func:`use_platform_kernel`). Elsewhere (no such
+kernel, a dtype or shape it refuses) the weight is dequantized to the activation dtype inside the
+layer, one layer at a time (``torch._scaled_mm`` on CPU runs a reference path far slower than a
+dense matmul). Fused shards keep their own per-tensor scales as per-row scales, exactly. CUDA with
 compute capability 8.9+ and a per-tensor scale: ``torch._scaled_mm`` on FP8 activations
 quantized per tensor (dynamically, or with the checkpoint's static ``input_scale``).
 """
@@ -14,6 +17,8 @@ import logging
 
 import torch
 import torch.nn.functional as F
+
+from kvserve.interfaces import LinearKernel
 
 logger = logging.getLogger(__name__)
 
@@ -63,12 +68,29 @@ def finish_loading(layer: torch.nn.Module) -> None:
     """Choose the kernel of a loaded layer (``layer.use_scaled_mm``), logging why not when not."""
     reason = scaled_mm_unavailable_reason(layer)
     layer.use_scaled_mm = reason is None
+    layer.fp8_kernel = None  # set by use_platform_kernel
     if reason is not None and layer.weight.device.type == "cuda":
         logger.info("FP8 layer %s: %s", layer.prefix, reason)
 
 
+def use_platform_kernel(layer: torch.nn.Module, kernel: LinearKernel) -> bool:
+    """Move a loaded layer (not one on ``torch._scaled_mm``) onto ``kernel`` where it multiplies
+    this FP8 weight and scale in the model dtype: the weight is replaced by the kernel's packing of
+    it (still FP8, the same bytes), so no wider copy is kept. Returns whether it was."""
+    if layer.use_scaled_mm:
+        return False
+    packed = kernel.pack_quantized(layer.weight.data, layer.weight_scale.data, layer.params_dtype)
+    if packed is None:
+        return False
+    layer.weight = torch.nn.Parameter(packed, requires_grad=False)
+    layer.fp8_kernel = kernel
+    return True
+
+
 def apply_fp8(layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``x @ (weight * weight_scale).T + bias`` in ``x``'s dtype."""
+    if layer.fp8_kernel is not None:
+        return layer.fp8_kernel.apply_quantized(x, layer.weight, layer.weight_scale, bias)
     if layer.use_scaled_mm:
         return _scaled_mm(layer, x, bias)
     return F.linear(x, dequantize(layer.weight, layer.weight_scale, x.dtype), bias)

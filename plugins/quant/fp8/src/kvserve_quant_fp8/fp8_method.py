@@ -29,6 +29,7 @@ from kvserve_quant_fp8.fp8_linear import (
     finish_loading,
     quantize_per_tensor,
     requantize_shards,
+    use_platform_kernel,
 )
 
 
@@ -90,6 +91,9 @@ class Fp8Method(QuantizationMethod):
             return requantize_shards(weight, scales, layer.output_sizes), scales.max()
         sizes = torch.tensor(layer.output_sizes, device=scales.device)
         return weight, scales.repeat_interleave(sizes)[:, None].contiguous()
+
+    def use_linear_kernel(self, layer, kernel) -> bool:
+        return use_platform_kernel(layer, kernel)
 
     def apply(self, layer, x, bias):
         return apply_fp8(layer, x, bias)
