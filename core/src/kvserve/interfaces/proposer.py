@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+from pydantic import BaseModel
+
 if TYPE_CHECKING:
     from kvserve.config import SpeculativeConfig
 
@@ -40,18 +42,27 @@ class DraftProposer(ABC):
     """Proposes draft tokens for a batch of decoding requests each step.
 
     Built once per engine by ``cls(config, vocab_size)``: ``config`` is the engine's validated
-    :class:`~kvserve.config.SpeculativeConfig` (its ``method`` is this proposer's registry name;
-    read the fields that concern you, e.g. ``prompt_lookup_min``), ``vocab_size`` the target
-    model's vocabulary (every draft id must be below it).
+    :class:`~kvserve.config.SpeculativeConfig` (its ``method`` is this proposer's registry name),
+    ``vocab_size`` the target model's vocabulary (every draft id must be below it). A method's own
+    ``speculative_config`` fields are declared by :attr:`options` and arrive validated as
+    :attr:`method_options`.
     """
 
     name: ClassVar[str]
     """The registry name, selected by ``speculative_config["method"]``."""
 
+    options: ClassVar[type[BaseModel] | None] = None
+    """The method's own ``speculative_config`` fields (vLLM's names, e.g. ``suffix_decoding_max_tree_depth``)
+    as a pydantic model with their defaults; None: it takes none. A field neither the core's
+    :class:`~kvserve.config.SpeculativeConfig` nor this model declares stops the engine at start, named."""
+
     def __init__(self, config: SpeculativeConfig, vocab_size: int) -> None:
-        """Keep the config and the vocabulary size (as :attr:`config` and :attr:`vocab_size`)."""
+        """Keep the config, the vocabulary size and the method's validated fields (as :attr:`config`,
+        :attr:`vocab_size` and :attr:`method_options`, None without :attr:`options`); ConfigError
+        naming a field the method does not take or a bad value."""
         self.config = config
         self.vocab_size = vocab_size
+        self.method_options = config.method_options(self.options)
 
     @abstractmethod
     def propose(self, requests: Sequence[DraftRequest], num_tokens: Sequence[int]) -> list[list[int]]:
