@@ -31,6 +31,7 @@ def register_tool_parsers(register):
 @hookimpl
 def register_proposers(register):
     register("ngram", "kvserve.spec_decode.ngram:NgramProposer")
+    register("draft_model", "kvserve.spec_decode.draft_model:DraftModelProposer")
 
 
 @hookimpl

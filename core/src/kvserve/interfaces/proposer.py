@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, ClassVar
 from pydantic import BaseModel
 
 if TYPE_CHECKING:
-    from kvserve.config import SpeculativeConfig
+    from kvserve.config import EngineConfig, SpeculativeConfig
+    from kvserve.interfaces.platform import Platform
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,21 @@ class DraftRequest:
     prompt_token_ids: Sequence[int]
     output_token_ids: Sequence[int]
     """Generated so far; the last one is the token the drafts follow."""
+
+
+@dataclass(frozen=True)
+class TargetModel:
+    """The engine a proposer drafts for, as :meth:`DraftProposer.attach` gets it: what a proposer that
+    runs a model of its own (``draft_model``) builds it with."""
+
+    config: EngineConfig
+    """The engine's validated config (its platform, dtype, cache and scheduler limits)."""
+    platform: Platform
+    """The platform the target runs on, resolved."""
+    model_path: str
+    """The target model's directory or file (for messages)."""
+    max_model_len: int
+    """The target's longest sequence, resolved."""
 
 
 class DraftProposer(ABC):
@@ -71,6 +87,11 @@ class DraftProposer(ABC):
         empty list is always allowed: nothing worth guessing). Every id is an ``int`` in
         ``[0, vocab_size)``. Deterministic: the same tokens give the same drafts, whatever else is in
         the batch. Called once per step, on the engine's thread, with the requests that decode next."""
+
+    def attach(self, target: TargetModel) -> None:  # noqa: B027 - most proposers need nothing of the engine
+        """Called once by the engine, at start, after construction: a proposer with a model of its
+        own builds it here, on ``target.platform`` (ConfigError naming the field that cannot be met).
+        Proposers used without an engine (unit tests) are never attached."""
 
     def forget(self, request_id: str) -> None:  # noqa: B027 - stateless proposers keep nothing
         """``request_id`` finished (or was aborted): drop whatever is kept for it."""
