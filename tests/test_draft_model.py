@@ -3,7 +3,8 @@
 A layer-skip draft (the first layer of a tiny Llama, written as its own checkpoint) gives greedy
 fp32 outputs identical to speculation off, batched, with chunked prefill and with preemption; the
 target itself as its draft has every draft accepted (its draft KV follows the accepted tokens
-exactly); a draft of another vocabulary is refused at start naming both models.
+exactly); a draft of another vocabulary is refused at start naming both models; and the proposer
+contract, the contract's tiny model drafting for itself.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from safetensors.torch import load_file, save_file
 
 from kvserve import LLM, SamplingParams
 from kvserve.errors import ConfigError
+from kvserve.testing import DraftModelContract
 from kvserve.testing.hf_models import build_tiny_model
 
 
@@ -99,3 +101,7 @@ def test_a_draft_of_another_vocabulary_is_refused_naming_both(models, tmp_path):
         LLM(target, **TINY, speculative_config=spec)
     with pytest.raises(ConfigError, match=r"speculative_config\.model: Field required"):
         LLM(target, **TINY, speculative_config={"method": "draft_model", "num_speculative_tokens": 3})
+
+
+class TestDraftModelContract(DraftModelContract):
+    proposer = "draft_model"
