@@ -98,14 +98,13 @@ class DraftModelProposer(DraftProposer):
         if self.runner is None:
             raise RuntimeError("draft_model: attach() builds the draft model before the first proposal")
         drafts: list[list[int]] = [[] for _ in requests]
-        # Draft sequences that can take k more tokens (their last known one is not computed yet).
-        wanted = [i for i, (r, k) in enumerate(zip(requests, num_tokens)) if k > 0]
-        active = [i for i in wanted if self._sync(requests[i], num_tokens[i])]
-        for round_ in range(max((num_tokens[i] for i in active), default=0)):
-            active = [i for i in active if len(drafts[i]) < num_tokens[i] and len(drafts[i]) == round_]
+        # The requests whose draft sequence holds their tokens, with room for their drafts.
+        active = [i for i, k in enumerate(num_tokens) if k > 0 and self._sync(requests[i], k)]
+        while active:
             for i, token in self._forward([self.sequences[requests[i].request_id] for i in active]).items():
                 drafts[active[i]].append(token)
                 self.sequences[requests[active[i]].request_id].output_token_ids.append(token)
+            active = [i for i in active if len(drafts[i]) < num_tokens[i]]
         return drafts
 
     def _sync(self, request: DraftRequest, k: int) -> bool:
