@@ -255,6 +255,21 @@ class SpeculativeConfig(_Section):
         None, ge=2, description="No drafts in a step while more requests than this are running; None: never off"
     )
 
+    @model_validator(mode="wrap")
+    @classmethod
+    def _unknown_fields_named_with_other_problems(cls, data: Any, handler: Any) -> SpeculativeConfig:
+        # The method's own fields are checked once its proposer is loaded; while the core's fields are
+        # wrong, a field nobody declares is likelier a misspelling of one (num_spec_tokens): name it too.
+        try:
+            return handler(data)
+        except ValidationError as exc:
+            unknown = sorted(set(data) - set(cls.model_fields)) if isinstance(data, dict) else []
+            if not unknown:
+                raise
+            problems = [{k: e[k] for k in ("type", "loc", "input", "ctx") if k in e} for e in exc.errors()]
+            problems += [{"type": "extra_forbidden", "loc": (name,), "input": data[name]} for name in unknown]
+            raise ValidationError.from_exception_data(exc.title, problems) from None
+
     @model_validator(mode="after")
     def _lookup_bounds(self) -> SpeculativeConfig:
         # vLLM's defaults: one bound given sets the other; neither, both 5.
