@@ -6,11 +6,12 @@ Two workloads on a model (default: the embedded SmolLM2), each at every ``--batc
   a passage — whose answers repeat long stretches of the prompt (what ``ngram`` prompt lookup finds);
 - ``chat``: plain chat questions, whose answers repeat little.
 
-Greedy decoding, so both runs emit the same tokens (checked): the comparison is speed only. One engine
+Each ``--speculative-config`` (a preset, ``ngram`` or ``suffix``, or JSON) against speculation off.
+Greedy decoding, so every run emits the same tokens (checked): the comparison is speed only. One engine
 per setting, warmed up on one request first; ``--rounds`` alternating timed runs, the median reported.
 
     python benchmarks/spec_decode.py [MODEL] [--batch 1 32] [--dtype bfloat16] [--max-tokens 256]
-        [--speculative-config '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}']
+        [--speculative-config ngram suffix '{"method": "ngram", "num_speculative_tokens": 4}']
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ from pathlib import Path
 from kvserve import LLM, SamplingParams
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+# No global cache: the rounds repeat the same requests, which a cache of earlier outputs would answer from memory.
+SUFFIX = {"method": "suffix", "num_speculative_tokens": 8, "suffix_decoding_max_cached_requests": 0}
+PRESETS = {"ngram": NGRAM, "suffix": SUFFIX}
 
 SOURCE_FILES = sorted((Path(__file__).resolve().parents[1] / "core/src/kvserve/spec_decode").glob("*.py"))
 PASSAGE = (
@@ -66,44 +70,51 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--speculative-config", type=json.loads, default=NGRAM)
+    parser.add_argument("--speculative-config", nargs="+", default=sorted(PRESETS), help="presets or JSON")
     parser.add_argument("--workload", nargs="+", default=["copy", "chat"], choices=["copy", "chat"])
     args = parser.parse_args()
 
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
     fields = {"max_model_len": 2048, "dtype": args.dtype, "max_num_seqs": max(args.batch)}
-    engines = {
-        "off": LLM(args.model, **fields),
-        "on": LLM(args.model, **fields, speculative_config=args.speculative_config),
-    }
+    configs = {}  # a preset by its name, a JSON config by its method (and its place, if that repeats)
+    for i, text in enumerate(args.speculative_config):
+        config = PRESETS[text] if text in PRESETS else json.loads(text)
+        configs[text if text in PRESETS else config["method"] if config["method"] not in configs else f"#{i}"] = config
+    engines = {"off": LLM(args.model, **fields)}
+    for name, config in configs.items():
+        engines[name] = LLM(args.model, **fields, speculative_config=config)
     for llm in engines.values():
         run(llm, prompts(CHAT_TASKS, 1), SamplingParams(temperature=0, max_tokens=8))  # warm-up
-    print(f"speculative_config={json.dumps(args.speculative_config)} dtype={args.dtype} max_tokens={args.max_tokens}")
-    header = ("workload", "batch", "off tok/s", "on tok/s", "speed-up", "accepted", "mean len")
-    print("{:<8} {:>5} {:>10} {:>10} {:>8} {:>9} {:>8}".format(*header))
+    for name, config in configs.items():
+        print(f"{name}: speculative_config={json.dumps(config)}")
+    print(f"dtype={args.dtype} max_tokens={args.max_tokens}")
+    header = ("workload", "batch", "method", "off tok/s", "on tok/s", "speed-up", "accepted", "mean len")
+    print("{:<8} {:>5} {:<8} {:>10} {:>10} {:>8} {:>9} {:>8}".format(*header))
     for workload in args.workload:
         tasks = COPY_TASKS if workload == "copy" else CHAT_TASKS
         for batch in args.batch:
             conversations = prompts(tasks, batch)
-            seconds: dict[str, list[float]] = {"off": [], "on": []}
+            seconds: dict[str, list[float]] = {name: [] for name in engines}
             tokens: dict[str, list[list[int]]] = {}
-            stats = engines["on"].engine.speculator.stats
-            before = stats.copy()
+            before = {name: engines[name].engine.speculator.stats.copy() for name in configs}
             for _ in range(args.rounds):
                 for name, llm in engines.items():
                     elapsed, tokens[name] = run(llm, conversations, params)
                     seconds[name].append(elapsed)
-            if tokens["on"] != tokens["off"]:
-                raise SystemExit(f"{workload} at batch {batch}: outputs with speculation differ from without")
             generated = sum(map(len, tokens["off"]))
             rate = {name: generated / statistics.median(times) for name, times in seconds.items()}
-            drafted = stats.num_draft_tokens - before.num_draft_tokens
-            accepted = stats.num_accepted_tokens - before.num_accepted_tokens
-            drafts = stats.num_drafts - before.num_drafts
-            print(
-                f"{workload:<8} {batch:>5} {rate['off']:>10.1f} {rate['on']:>10.1f} {rate['on'] / rate['off']:>7.2f}x "
-                f"{accepted / max(drafted, 1):>8.1%} {1 + accepted / max(drafts, 1):>8.2f}"
-            )
+            for name in configs:
+                if tokens[name] != tokens["off"]:
+                    raise SystemExit(f"{workload} at batch {batch}: outputs with {name} differ from without")
+                stats = engines[name].engine.speculator.stats
+                drafted = stats.num_draft_tokens - before[name].num_draft_tokens
+                accepted = stats.num_accepted_tokens - before[name].num_accepted_tokens
+                drafts = stats.num_drafts - before[name].num_drafts
+                print(
+                    f"{workload:<8} {batch:>5} {name:<8} {rate['off']:>10.1f} {rate[name]:>10.1f} "
+                    f"{rate[name] / rate['off']:>7.2f}x {accepted / max(drafted, 1):>8.1%} "
+                    f"{1 + accepted / max(drafts, 1):>8.2f}"
+                )
 
 
 if __name__ == "__main__":

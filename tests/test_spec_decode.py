@@ -1,10 +1,10 @@
 """Speculative decoding end to end: outputs with drafts are exactly those without.
 
-Greedy fp32 with ``ngram`` on the embedded SmolLM2 and a tiny Gemma 3 at batch sizes 1, 8 and 32,
-with chunked prefill and with forced preemption; an oracle proposer (the reference run's own tokens,
-so every draft is accepted) and a garbage one (random ids, so nearly every draft is rejected) with
-stops crossed in the middle of a draft, logprobs, seeds, streaming deltas, abort and grammars;
-``disable_by_batch_size``; and the config errors.
+Greedy fp32 with each proposer (``ngram``, ``suffix``) on the embedded SmolLM2 and a tiny Gemma 3 at
+batch sizes 1, 8 and 32, with chunked prefill and with forced preemption; an oracle proposer (the
+reference run's own tokens, so every draft is accepted) and a garbage one (random ids, so nearly
+every draft is rejected) with stops crossed in the middle of a draft, logprobs, seeds, streaming
+deltas, abort and grammars; ``disable_by_batch_size``; and the config errors.
 """
 
 from __future__ import annotations
@@ -23,6 +23,9 @@ from kvserve.structured_outputs.selection import usable_backends
 from kvserve.testing.hf_models import build_tiny_model
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+# The global cache on (its default): the batches run one after another in an engine draft from the earlier ones.
+SUFFIX = {"method": "suffix", "num_speculative_tokens": 4}
+PROPOSERS = {"ngram": NGRAM, "suffix": SUFFIX}
 
 PASSAGES = [
     "The quick brown fox jumps over the lazy dog.",
@@ -71,9 +74,10 @@ def smollm_reference():
     return {size: tokens_of(llm, copy_prompts(size), GREEDY) for size in (1, 8, 32)}
 
 
+@pytest.mark.parametrize("method", sorted(PROPOSERS))
 @pytest.mark.parametrize("case", sorted(SMOLLM_CASES))
-def test_smollm2_greedy_is_token_identical_with_ngram(smollm_reference, case):
-    llm = LLM(**SMOLLM, **SMOLLM_CASES[case], speculative_config=NGRAM)
+def test_smollm2_greedy_is_token_identical_with_each_proposer(smollm_reference, case, method):
+    llm = LLM(**SMOLLM, **SMOLLM_CASES[case], speculative_config=PROPOSERS[method])
     for size in (1, 8, 32):
         assert tokens_of(llm, copy_prompts(size), GREEDY) == smollm_reference[size], f"batch of {size}"
     assert accepted(llm) > 0, "the copy prompts should have had drafts accepted"
@@ -105,13 +109,15 @@ def repeating_prompts(count: int) -> list[list[int]]:
     [{}, {"max_num_batched_tokens": 9}, {"block_size": 4, "num_kv_blocks": 40, "max_model_len": 48}],
     ids=["batched", "chunked-prefill", "preemption"],
 )
-def test_tiny_gemma3_greedy_is_token_identical_with_ngram(gemma, engine_fields):
+@pytest.mark.parametrize("method", sorted(PROPOSERS))
+def test_tiny_gemma3_greedy_is_token_identical_with_each_proposer(gemma, engine_fields, method):
     fields = {"dtype": "float32", "max_model_len": 64, "num_kv_blocks": 128, **engine_fields}
-    plain, speculative = LLM(gemma, **fields), LLM(gemma, **fields, speculative_config=NGRAM)
+    plain, speculative = LLM(gemma, **fields), LLM(gemma, **fields, speculative_config=PROPOSERS[method])
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     for size in (1, 8, 32):
         prompts = repeating_prompts(size)
         assert tokens_of(speculative, prompts, params) == tokens_of(plain, prompts, params), f"batch of {size}"
+    assert accepted(speculative) > 0, "the repeating prompts should have had drafts accepted"
     if "block_size" in engine_fields:
         assert speculative.engine.num_preemptions > 0, "the small KV cache should have forced preemption"
 
@@ -295,6 +301,9 @@ def test_a_grammar_rolls_back_with_rejected_drafts():
 # -- configuration ------------------------------------------------------------------------------------
 def test_bad_speculative_configs_are_refused_at_start_naming_the_field(llama):
     with pytest.raises(ConfigError, match=r"speculative_config\.num_speculative_tokenz: Extra inputs"):
+        LLM(llama, **TINY, speculative_config={**NGRAM, "num_speculative_tokenz": 3})
+    # A misspelt required field: the missing one and the unknown one are both named.
+    with pytest.raises(ConfigError, match=r"num_speculative_tokens: Field required .*num_speculative_tokenz: Extra"):
         LLM(llama, **TINY, speculative_config={"method": "ngram", "num_speculative_tokenz": 3})
     with pytest.raises(ConfigError, match=r"speculative_config\.num_speculative_tokens: Field required"):
         LLM(llama, **TINY, speculative_config={"method": "ngram"})
@@ -302,6 +311,10 @@ def test_bad_speculative_configs_are_refused_at_start_naming_the_field(llama):
         LLM(llama, **TINY, speculative_config='{"method": ngram}')
     with pytest.raises(ConfigError, match=r"prompt_lookup_min \(4\) must not exceed prompt_lookup_max \(2\)"):
         LLM(llama, **TINY, speculative_config={**NGRAM, "prompt_lookup_min": 4, "prompt_lookup_max": 2})
+    with pytest.raises(ConfigError, match=r"speculative_config\.suffix_decoding_max_tree_dept: Extra inputs"):
+        LLM(llama, **TINY, speculative_config={**SUFFIX, "suffix_decoding_max_tree_dept": 8})
+    with pytest.raises(ConfigError, match=r"speculative_config\.suffix_decoding_max_tree_depth: Input should be"):
+        LLM(llama, **TINY, speculative_config={**SUFFIX, "suffix_decoding_max_tree_depth": 1})
     with pytest.raises(UnknownComponentError, match=r"unknown proposer 'eagle'; available: .*ngram"):
         LLM(llama, **TINY, speculative_config={"method": "eagle", "num_speculative_tokens": 3})
     with pytest.raises(ConfigError, match=r"speculative_config cannot be combined with logits_processors"):

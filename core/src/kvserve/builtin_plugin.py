@@ -31,6 +31,11 @@ def register_tool_parsers(register):
 @hookimpl
 def register_proposers(register):
     register("ngram", "kvserve.spec_decode.ngram:NgramProposer")
+    register(
+        "draft_model",
+        "kvserve.spec_decode.draft_model:DraftModelProposer",
+        contract="kvserve.testing.contracts.proposer:DraftModelContract",
+    )
 
 
 @hookimpl

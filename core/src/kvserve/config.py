@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -27,6 +27,8 @@ NO_GENERATION_CONFIG = "vllm"
 """``generation_config`` that ignores the model's sampling defaults (vLLM's name for its own neutral ones)."""
 GENERATION_CONFIG_FIELDS = ("repetition_penalty", "temperature", "top_k", "top_p", "min_p", "max_new_tokens")
 """The fields of a ``generation_config.json`` that become requests' sampling defaults (vLLM's list)."""
+
+_Options = TypeVar("_Options", bound=BaseModel)
 
 SERVING_MAX_DECODE_SLOWDOWN = 2.0
 """``max_decode_slowdown`` when ``auto`` and serving: a step that decodes takes at most twice a
@@ -235,7 +237,13 @@ class StructuredOutputsConfig(_Section):
 
 class SpeculativeConfig(_Section):
     """Speculative decoding, with vLLM's field names: a proposer guesses tokens, one forward pass
-    verifies them, and outputs stay exactly those of decoding without it."""
+    verifies them, and outputs stay exactly those of decoding without it.
+
+    Fields not declared here belong to the method: its proposer declares them
+    (``DraftProposer.options``) and :meth:`method_options` checks them when the engine loads it."""
+
+    # The method's own fields pass through, kept in model_extra, until its proposer is known.
+    model_config = ConfigDict(extra="allow", validate_assignment=True, protected_namespaces=())
 
     method: str = Field(description="Registered draft proposer name (ngram)")
     num_speculative_tokens: PositiveInt = Field(description="Most draft tokens verified per request and step")
@@ -249,6 +257,21 @@ class SpeculativeConfig(_Section):
         None, ge=2, description="No drafts in a step while more requests than this are running; None: never off"
     )
 
+    @model_validator(mode="wrap")
+    @classmethod
+    def _unknown_fields_named_with_other_problems(cls, data: Any, handler: Any) -> SpeculativeConfig:
+        # The method's own fields are checked once its proposer is loaded; while the core's fields are
+        # wrong, a field nobody declares is likelier a misspelling of one (num_spec_tokens): name it too.
+        try:
+            return handler(data)
+        except ValidationError as exc:
+            unknown = sorted(set(data) - set(cls.model_fields)) if isinstance(data, dict) else []
+            if not unknown:
+                raise
+            problems = [{k: e[k] for k in ("type", "loc", "input", "ctx") if k in e} for e in exc.errors()]
+            problems += [{"type": "extra_forbidden", "loc": (name,), "input": data[name]} for name in unknown]
+            raise ValidationError.from_exception_data(exc.title, problems) from None
+
     @model_validator(mode="after")
     def _lookup_bounds(self) -> SpeculativeConfig:
         # vLLM's defaults: one bound given sets the other; neither, both 5.
@@ -260,6 +283,25 @@ class SpeculativeConfig(_Section):
         self.__dict__.update(prompt_lookup_min=low, prompt_lookup_max=high)
         return self
 
+    def method_options(self, schema: type[_Options] | None) -> _Options | None:
+        """The fields beyond those declared here, validated by ``schema`` (the proposer's
+        ``options``; None: the method takes none). ConfigError naming each unknown or bad field."""
+        given = dict(self.model_extra or {})
+        where = "decoding.speculative_config"
+        unknown = sorted(set(given) - set(schema.model_fields if schema else ()))
+        if unknown:
+            raise ConfigError(
+                "invalid engine config: "
+                + "; ".join(f"{where}.{name}: Extra inputs are not permitted (got {given[name]!r})" for name in unknown)
+                + f" (method {self.method!r} takes {', '.join(schema.model_fields) if schema else 'no other fields'})"
+            )
+        if schema is None:
+            return None
+        try:
+            return schema.model_validate(given)
+        except ValidationError as exc:
+            raise ConfigError(_describe(exc, where)) from None
+
 
 class DecodingConfig(_Section):
     structured_outputs_config: StructuredOutputsConfig = Field(
@@ -270,7 +312,8 @@ class DecodingConfig(_Section):
     speculative_config: SpeculativeConfig | None = Field(
         None,
         description="Speculative decoding (JSON text or a mapping): method, num_speculative_tokens, "
-        "prompt_lookup_max, prompt_lookup_min, disable_by_batch_size; None: off",
+        "prompt_lookup_max, prompt_lookup_min, disable_by_batch_size, and the method's own fields "
+        "(docs/spec_decode.md); None: off",
     )
 
     _json_text = field_validator("structured_outputs_config", "speculative_config", mode="before")(json_text)
@@ -394,11 +437,13 @@ class EngineConfig(_Section):
             raise ConfigError(_describe(exc)) from None
 
 
-def _describe(exc: ValidationError) -> str:
-    """``scheduler.max_num_seqs: Input should be greater than 0 (got 0)`` for each problem."""
+def _describe(exc: ValidationError, prefix: str | None = None) -> str:
+    """``scheduler.max_num_seqs: Input should be greater than 0 (got 0)`` for each problem (each
+    location under ``prefix``, when the model validated is a part of the config)."""
     problems = []
     for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"] if not str(p).startswith(("function-", "literal[")))
+        parts = [str(p) for p in err["loc"] if not str(p).startswith(("function-", "literal["))]
+        where = ".".join([prefix, *parts] if prefix else parts)
         problems.append(f"{where}: {err['msg']} (got {err.get('input')!r})")
     return "invalid engine config: " + "; ".join(problems)
 

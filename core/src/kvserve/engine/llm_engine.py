@@ -24,6 +24,7 @@ from kvserve.engine.validation import CheckedRequest, check_request
 from kvserve.errors import EngineDeadError
 from kvserve.executor import Executor, InProcessExecutor
 from kvserve.interfaces import SchedulerOutput
+from kvserve.interfaces.proposer import TargetModel
 from kvserve.logging_setup import configure_logging
 from kvserve.outputs import RequestOutput, TokenLogprobs
 from kvserve.reasoning import load_reasoning_parser
@@ -79,7 +80,8 @@ class LLMEngine:
         self.scheduler = scheduler_cls(config.scheduler, self.kv_cache_manager, self.max_model_len)
         self.sampler = self._sampler()
         spec = config.decoding.speculative_config
-        self.speculator = Speculator(spec, load_proposer(config, self.hf_config.vocab_size)) if spec else None
+        target = TargetModel(config, self.platform, str(source.path), self.max_model_len)
+        self.speculator = Speculator(spec, load_proposer(config, self.hf_config.vocab_size, target)) if spec else None
         """Speculative decoding's drafts and counters; None when it is off."""
         self.grammars = GrammarCompiler(
             self.tokenizer, self.hf_config.vocab_size, self.eos_token_ids, config.decoding.structured_outputs_config,

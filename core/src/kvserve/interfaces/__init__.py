@@ -9,7 +9,7 @@ from kvserve.interfaces.logits_constraint import LogitsConstraint
 from kvserve.interfaces.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 from kvserve.interfaces.model import Model
 from kvserve.interfaces.platform import DeviceCapability, Platform
-from kvserve.interfaces.proposer import DraftProposer, DraftRequest
+from kvserve.interfaces.proposer import DraftProposer, DraftRequest, TargetModel
 from kvserve.interfaces.quantization import ParamLoading, QuantizationMethod
 from kvserve.interfaces.reasoning_parser import ReasoningParser
 from kvserve.interfaces.sampling_kernel import SamplingKernel
@@ -48,6 +48,7 @@ __all__ = [
     "Scheduler",
     "SchedulerOutput",
     "StructuredOutputBackend",
+    "TargetModel",
     "ToolCallDelta",
     "ToolParser",
     "ToolParserDelta",

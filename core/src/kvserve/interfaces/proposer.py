@@ -21,8 +21,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+from pydantic import BaseModel
+
 if TYPE_CHECKING:
-    from kvserve.config import SpeculativeConfig
+    from kvserve.config import EngineConfig, SpeculativeConfig
+    from kvserve.interfaces.platform import Platform
 
 
 @dataclass(frozen=True)
@@ -36,22 +39,46 @@ class DraftRequest:
     """Generated so far; the last one is the token the drafts follow."""
 
 
+@dataclass(frozen=True)
+class TargetModel:
+    """The engine a proposer drafts for, as :meth:`DraftProposer.attach` gets it: what a proposer that
+    runs a model of its own (``draft_model``) builds it with."""
+
+    config: EngineConfig
+    """The engine's validated config (its platform, dtype, cache and scheduler limits)."""
+    platform: Platform
+    """The platform the target runs on, resolved."""
+    model_path: str
+    """The target model's directory or file (for messages)."""
+    max_model_len: int
+    """The target's longest sequence, resolved."""
+
+
 class DraftProposer(ABC):
     """Proposes draft tokens for a batch of decoding requests each step.
 
     Built once per engine by ``cls(config, vocab_size)``: ``config`` is the engine's validated
-    :class:`~kvserve.config.SpeculativeConfig` (its ``method`` is this proposer's registry name;
-    read the fields that concern you, e.g. ``prompt_lookup_min``), ``vocab_size`` the target
-    model's vocabulary (every draft id must be below it).
+    :class:`~kvserve.config.SpeculativeConfig` (its ``method`` is this proposer's registry name),
+    ``vocab_size`` the target model's vocabulary (every draft id must be below it). A method's own
+    ``speculative_config`` fields are declared by :attr:`options` and arrive validated as
+    :attr:`method_options`.
     """
 
     name: ClassVar[str]
     """The registry name, selected by ``speculative_config["method"]``."""
 
+    options: ClassVar[type[BaseModel] | None] = None
+    """The method's own ``speculative_config`` fields (vLLM's names, e.g. ``suffix_decoding_max_tree_depth``)
+    as a pydantic model with their defaults; None: it takes none. A field neither the core's
+    :class:`~kvserve.config.SpeculativeConfig` nor this model declares stops the engine at start, named."""
+
     def __init__(self, config: SpeculativeConfig, vocab_size: int) -> None:
-        """Keep the config and the vocabulary size (as :attr:`config` and :attr:`vocab_size`)."""
+        """Keep the config, the vocabulary size and the method's validated fields (as :attr:`config`,
+        :attr:`vocab_size` and :attr:`method_options`, None without :attr:`options`); ConfigError
+        naming a field the method does not take or a bad value."""
         self.config = config
         self.vocab_size = vocab_size
+        self.method_options = config.method_options(self.options)
 
     @abstractmethod
     def propose(self, requests: Sequence[DraftRequest], num_tokens: Sequence[int]) -> list[list[int]]:
@@ -60,6 +87,11 @@ class DraftProposer(ABC):
         empty list is always allowed: nothing worth guessing). Every id is an ``int`` in
         ``[0, vocab_size)``. Deterministic: the same tokens give the same drafts, whatever else is in
         the batch. Called once per step, on the engine's thread, with the requests that decode next."""
+
+    def attach(self, target: TargetModel) -> None:  # noqa: B027 - most proposers need nothing of the engine
+        """Called once by the engine, at start, after construction: a proposer with a model of its
+        own builds it here, on ``target.platform`` (ConfigError naming the field that cannot be met).
+        Proposers used without an engine (unit tests) are never attached."""
 
     def forget(self, request_id: str) -> None:  # noqa: B027 - stateless proposers keep nothing
         """``request_id`` finished (or was aborted): drop whatever is kept for it."""

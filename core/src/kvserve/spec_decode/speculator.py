@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from kvserve.config import EngineConfig, SpeculativeConfig
 from kvserve.errors import ConfigError
-from kvserve.interfaces.proposer import DraftProposer, DraftRequest
+from kvserve.interfaces.proposer import DraftProposer, DraftRequest, TargetModel
 from kvserve.plugins import load_component
 from kvserve.request import Request, RequestStatus
 from kvserve.spec_decode.verification import can_verify_constraint
@@ -41,9 +41,10 @@ class SpecDecodeStats:
             self.accepted_per_position[position] += 1
 
 
-def load_proposer(config: EngineConfig, vocab_size: int) -> DraftProposer:
-    """The proposer ``speculative_config.method`` names, built; ConfigError for a combination that
-    cannot run (the registry's error, naming what is installed, for an unknown method)."""
+def load_proposer(config: EngineConfig, vocab_size: int, target: TargetModel) -> DraftProposer:
+    """The proposer ``speculative_config.method`` names, built and attached to ``target``; ConfigError
+    for a combination that cannot run (the registry's error, naming what is installed, for an
+    unknown method)."""
     spec = config.decoding.speculative_config
     if config.model.logits_processors:
         raise ConfigError(
@@ -51,7 +52,9 @@ def load_proposer(config: EngineConfig, vocab_size: int) -> DraftProposer:
             "one row per request; verification samples several per request) in this version"
         )
     cls = load_component("proposer", spec.method)
-    return cls(spec, vocab_size)
+    proposer = cls(spec, vocab_size)
+    proposer.attach(target)
+    return proposer
 
 
 class Speculator:

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from kvserve.testing.contracts.logits_processor import LogitsProcessorContract
     from kvserve.testing.contracts.model import ModelContract
     from kvserve.testing.contracts.platform import PlatformContract
-    from kvserve.testing.contracts.proposer import DraftProposerContract
+    from kvserve.testing.contracts.proposer import DraftModelContract, DraftProposerContract
     from kvserve.testing.contracts.quantization import QuantizationMethodContract
     from kvserve.testing.contracts.reasoning_parser import ReasoningParserContract
     from kvserve.testing.contracts.scheduler import SchedulerContract
@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 _LAZY = {
     "AttentionBackendContract": "kvserve.testing.contracts.attention",
     "GGUFArchitectureContract": "kvserve.testing.contracts.gguf_architecture",
+    "DraftModelContract": "kvserve.testing.contracts.proposer",
     "DraftProposerContract": "kvserve.testing.contracts.proposer",
     "KVCacheManagerContract": "kvserve.testing.contracts.kv_cache",
     "LogitsProcessorContract": "kvserve.testing.contracts.logits_processor",
@@ -59,6 +60,7 @@ _LAZY = {
 __all__ = [
     "AttentionBackendContract",
     "GGUFArchitectureContract",
+    "DraftModelContract",
     "DraftProposerContract",
     "KVCacheManagerContract",
     "LogitsProcessorContract",

@@ -175,3 +175,33 @@ class DraftProposerContract(ComponentContract):
                     f"prompt {i} ({params[i]}): with proposer {self.component_name()!r} the output is "
                     f"{with_spec}, without speculation {without}"
                 )
+
+
+class DraftModelContract(DraftProposerContract):
+    """The contract of a proposer that runs a model of its own (``draft_model``): the contract's tiny
+    model drafts for itself (``speculative_config["model"]``), built into every proposer the checks
+    make through :meth:`~kvserve.interfaces.DraftProposer.attach`, as the engine does."""
+
+    speculative_fields: ClassVar[dict[str, Any]] = {}
+    draft_engine_fields: ClassVar[dict[str, Any]] = {"dtype": "float32", "max_model_len": 128, "num_kv_blocks": 512}
+    """The engine the proposers outside an engine are attached to (a KV cache that holds every batch
+    the checks propose for, so that no draft depends on what else is in the batch)."""
+
+    @pytest.fixture(autouse=True)
+    def _draft_path(self, tiny_model: Path) -> None:
+        # The unit checks build proposers outside an engine: they need the model too.
+        self.draft_path = str(tiny_model)
+
+    def speculative_config(self) -> dict[str, Any]:
+        return {**super().speculative_config(), "model": self.draft_path}
+
+    def build(self, component: type) -> DraftProposer:
+        from kvserve import components
+        from kvserve.config import EngineConfig
+        from kvserve.interfaces.proposer import TargetModel
+
+        proposer = super().build(component)
+        config = EngineConfig.from_flat(model=self.draft_path, **self.draft_engine_fields)
+        platform = components.resolve_platform(config)
+        proposer.attach(TargetModel(config, platform, self.draft_path, config.model.max_model_len))
+        return proposer

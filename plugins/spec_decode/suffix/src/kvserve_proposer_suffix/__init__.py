@@ -1,0 +1,1 @@
+"""kvserve_proposer_suffix kvserve plugin package."""

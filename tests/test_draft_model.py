@@ -1,0 +1,107 @@
+"""The ``draft_model`` proposer: a second model with its own paged KV cache drafts greedily.
+
+A layer-skip draft (the first layer of a tiny Llama, written as its own checkpoint) gives greedy
+fp32 outputs identical to speculation off, batched, with chunked prefill and with preemption; the
+target itself as its draft has every draft accepted (its draft KV follows the accepted tokens
+exactly); a draft of another vocabulary is refused at start naming both models; and the proposer
+contract, the contract's tiny model drafting for itself.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file, save_file
+
+from kvserve import LLM, SamplingParams
+from kvserve.errors import ConfigError
+from kvserve.testing import DraftModelContract
+from kvserve.testing.hf_models import build_tiny_model
+
+
+def layer_skip_draft(target: Path, dest: Path, num_layers: int) -> Path:
+    """The checkpoint of ``target``'s first ``num_layers`` decoder layers (embeddings, final norm
+    and head kept), its config saying so, its tokenizer copied."""
+    dest.mkdir(parents=True)
+    for path in target.iterdir():
+        if path.suffix == ".safetensors":
+            tensors = {
+                name: tensor
+                for name, tensor in load_file(path).items()
+                if not name.startswith("model.layers.") or int(name.split(".")[2]) < num_layers
+            }
+            save_file(tensors, dest / path.name, metadata={"format": "pt"})
+        elif path.name == "config.json":
+            config = json.loads(path.read_text())
+            config["num_hidden_layers"] = num_layers
+            if "layer_types" in config:
+                config["layer_types"] = config["layer_types"][:num_layers]
+            (dest / path.name).write_text(json.dumps(config))
+        elif path.is_file():
+            shutil.copy(path, dest / path.name)
+    return dest
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("draft-model")
+    target = build_tiny_model("llama", root / "target", num_hidden_layers=3)
+    return str(target), str(layer_skip_draft(target, root / "draft", 1))
+
+
+def prompts(count: int) -> list[list[int]]:
+    rng = random.Random(count)
+    return [[rng.randrange(3, 384) for _ in range(3 + i % 9)] * (1 + i % 2) for i in range(count)]
+
+
+TINY = {"dtype": "float32", "max_model_len": 64, "num_kv_blocks": 128}
+GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+
+
+def tokens_of(llm: LLM, batch, params=GREEDY) -> list[list[int]]:
+    return [list(o.outputs[0].token_ids) for o in llm.generate(batch, params, use_tqdm=False)]
+
+
+@pytest.mark.parametrize(
+    "engine_fields",
+    [{}, {"max_num_batched_tokens": 9}, {"block_size": 4, "num_kv_blocks": 40, "max_model_len": 48}],
+    ids=["batched", "chunked-prefill", "preemption"],
+)
+def test_a_layer_skip_draft_gives_exactly_the_outputs_without_speculation(models, engine_fields):
+    target, draft = models
+    fields = {**TINY, **engine_fields}
+    spec = {"method": "draft_model", "model": draft, "num_speculative_tokens": 3}
+    plain, speculative = LLM(target, **fields), LLM(target, **fields, speculative_config=spec)
+    for size in (1, 8):
+        assert tokens_of(speculative, prompts(size)) == tokens_of(plain, prompts(size)), f"batch of {size}"
+    stats = speculative.engine.speculator.stats
+    assert stats.num_draft_tokens > 0 and stats.num_accepted_tokens > 0
+    if "block_size" in engine_fields:
+        assert speculative.engine.num_preemptions > 0, "the small KV cache should have forced preemption"
+
+
+def test_the_target_as_its_own_draft_has_every_draft_accepted(models):
+    target, _ = models
+    spec = {"method": "draft_model", "model": target, "num_speculative_tokens": 4}
+    llm = LLM(target, **TINY, speculative_config=spec)
+    assert tokens_of(llm, prompts(6)) == tokens_of(LLM(target, **TINY), prompts(6))
+    stats = llm.engine.speculator.stats
+    assert stats.num_draft_tokens > 0 and stats.num_accepted_tokens == stats.num_draft_tokens
+
+
+def test_a_draft_of_another_vocabulary_is_refused_naming_both(models, tmp_path):
+    target, _ = models
+    other = build_tiny_model("llama", tmp_path / "other", vocab_size=300)
+    spec = {"method": "draft_model", "model": str(other), "num_speculative_tokens": 3}
+    with pytest.raises(ConfigError, match=r"other has a vocabulary of 300 tokens, the target .*target one of 384"):
+        LLM(target, **TINY, speculative_config=spec)
+    with pytest.raises(ConfigError, match=r"speculative_config\.model: Field required"):
+        LLM(target, **TINY, speculative_config={"method": "draft_model", "num_speculative_tokens": 3})
+
+
+class TestDraftModelContract(DraftModelContract):
+    proposer = "draft_model"
