@@ -1,0 +1,114 @@
+"""Multi-LoRA through ``LLM``: adapters made with the real ``peft`` library on tiny local HF models,
+run in one batch mixed with the base model and each other, against ``peft``'s own ``PeftModel``.
+
+Each adapter's A and B are random and non-zero (PEFT starts B at zero, which would test nothing);
+ranks, target sets and rsLoRA differ between them. Greedy float32 tokens must be identical and the
+chosen tokens' logprobs within 1e-3.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from kvserve import LLM, SamplingParams
+from kvserve.lora import LoRARequest
+from kvserve.testing.hf_models import build_tiny_model
+
+peft = pytest.importorskip("peft")
+
+NEW_TOKENS = 6
+PROMPTS = [
+    "The quick brown fox",
+    "Paris is the capital of",
+    "Paged attention stores keys and values in fixed size blocks, and continuous batching",
+]
+ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
+MLP = ["gate_proj", "up_proj", "down_proj"]
+ADAPTERS = {  # name -> LoraConfig fields
+    "qv-r8": {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]},
+    "all-r4-rslora": {"r": 4, "lora_alpha": 8, "target_modules": ATTENTION + MLP, "use_rslora": True},
+    "mlp-r16": {"r": 16, "lora_alpha": 8, "target_modules": ["up_proj", "down_proj"]},
+}
+BASES = {
+    "llama": ("llama", {}),
+    "gemma3": ("gemma3_text", {"num_hidden_layers": 3, "head_dim": 32, "sliding_window": 6}),
+}
+ENGINE = {"dtype": "float32", "max_model_len": 128, "num_kv_blocks": 96, "max_loras": 4, "max_lora_rank": 16}
+
+
+def make_adapter(base_path, folder, seed, **fields):
+    """A PEFT LoRA adapter of the model in ``base_path`` with random non-zero A and B, saved to ``folder``."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
+    peft_model = peft.get_peft_model(model, peft.LoraConfig(task_type="CAUSAL_LM", lora_dropout=0.0, **fields))
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_A" in name or "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.2)
+    peft_model.save_pretrained(folder)
+    return folder
+
+
+def peft_greedy(base_path, adapter_path, prompt_ids):
+    """Tokens and their logprobs from HF ``generate`` (greedy) of the base model or ``PeftModel``."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
+    if adapter_path is not None:
+        model = peft.PeftModel.from_pretrained(model, adapter_path)
+    model.eval()
+    results = []
+    for ids in prompt_ids:
+        with torch.no_grad():
+            out = model.generate(
+                input_ids=torch.tensor([ids]), do_sample=False, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
+                output_logits=True, return_dict_in_generate=True,
+            )  # fmt: skip
+        tokens = out.sequences[0, len(ids) :].tolist()
+        logprobs = [float(step[0].log_softmax(-1)[t]) for step, t in zip(out.logits, tokens)]
+        results.append((tokens, logprobs))
+    return results
+
+
+@pytest.fixture(scope="module", params=sorted(BASES))
+def setup(request, tmp_path_factory):
+    """The base model, its adapters and the HF/PEFT reference of every (adapter or base, prompt)."""
+    arch, overrides = BASES[request.param]
+    root = tmp_path_factory.mktemp(f"lora-{request.param}")
+    base = build_tiny_model(arch, root / "base", **overrides)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(base)
+    prompt_ids = [tokenizer.encode(p) for p in PROMPTS]
+    adapters = {
+        name: make_adapter(base, root / name, seed, **fields) for seed, (name, fields) in enumerate(ADAPTERS.items())
+    }
+    reference = {None: peft_greedy(base, None, prompt_ids)}
+    for name, path in adapters.items():
+        reference[name] = peft_greedy(base, path, prompt_ids)
+    return base, adapters, prompt_ids, reference
+
+
+def lora_requests(adapters):
+    return {name: LoRARequest(name, i + 1, str(path)) for i, (name, path) in enumerate(adapters.items())}
+
+
+def test_mixed_batch_matches_peft(setup):
+    """Every adapter and the base model, each on every prompt, in one generate call (one batch)."""
+    base, adapters, prompt_ids, reference = setup
+    llm = LLM(str(base), enable_lora=True, **ENGINE)
+    requests = lora_requests(adapters)
+    names = [None, *adapters]
+    jobs = [(name, i) for i in range(len(prompt_ids)) for name in names]
+    params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=0)
+    outputs = llm.generate(
+        [prompt_ids[i] for _, i in jobs], params, use_tqdm=False,
+        lora_request=[None if name is None else requests[name] for name, _ in jobs],
+    )  # fmt: skip
+    for (name, i), output in zip(jobs, outputs):
+        tokens, logprobs = reference[name][i]
+        got = output.outputs[0]
+        assert got.token_ids == tokens, f"adapter {name}, prompt {i}"
+        got_logprobs = [entry[t].logprob for entry, t in zip(got.logprobs, got.token_ids)]
+        assert got_logprobs == pytest.approx(logprobs, abs=1e-3), f"adapter {name}, prompt {i}"
+    # The adapters change the model: the test compares something.
+    for name in adapters:
+        assert any(reference[name][i][0] != reference[None][i][0] for i in range(len(prompt_ids))), name
