@@ -9,14 +9,11 @@ chosen tokens' logprobs within 1e-3.
 from __future__ import annotations
 
 import pytest
-import torch
 import transformers
 
 from kvserve import LLM, SamplingParams
 from kvserve.lora import LoRARequest
-from kvserve.testing.hf_models import build_tiny_model
-
-peft = pytest.importorskip("peft")
+from kvserve.testing.hf_models import build_lora_adapter, build_tiny_model, hf_greedy
 
 NEW_TOKENS = 6
 PROMPTS = [
@@ -38,38 +35,6 @@ BASES = {
 ENGINE = {"dtype": "float32", "max_model_len": 128, "num_kv_blocks": 96, "max_loras": 4, "max_lora_rank": 16}
 
 
-def make_adapter(base_path, folder, seed, **fields):
-    """A PEFT LoRA adapter of the model in ``base_path`` with random non-zero A and B, saved to ``folder``."""
-    model = transformers.AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
-    peft_model = peft.get_peft_model(model, peft.LoraConfig(task_type="CAUSAL_LM", lora_dropout=0.0, **fields))
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in peft_model.named_parameters():
-            if "lora_A" in name or "lora_B" in name:
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.2)
-    peft_model.save_pretrained(folder)
-    return folder
-
-
-def peft_greedy(base_path, adapter_path, prompt_ids):
-    """Tokens and their logprobs from HF ``generate`` (greedy) of the base model or ``PeftModel``."""
-    model = transformers.AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
-    if adapter_path is not None:
-        model = peft.PeftModel.from_pretrained(model, adapter_path)
-    model.eval()
-    results = []
-    for ids in prompt_ids:
-        with torch.no_grad():
-            out = model.generate(
-                input_ids=torch.tensor([ids]), do_sample=False, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
-                output_logits=True, return_dict_in_generate=True,
-            )  # fmt: skip
-        tokens = out.sequences[0, len(ids) :].tolist()
-        logprobs = [float(step[0].log_softmax(-1)[t]) for step, t in zip(out.logits, tokens)]
-        results.append((tokens, logprobs))
-    return results
-
-
 @pytest.fixture(scope="module", params=sorted(BASES))
 def setup(request, tmp_path_factory):
     """The base model, its adapters and the HF/PEFT reference of every (adapter or base, prompt)."""
@@ -79,11 +44,12 @@ def setup(request, tmp_path_factory):
     tokenizer = transformers.AutoTokenizer.from_pretrained(base)
     prompt_ids = [tokenizer.encode(p) for p in PROMPTS]
     adapters = {
-        name: make_adapter(base, root / name, seed, **fields) for seed, (name, fields) in enumerate(ADAPTERS.items())
+        name: build_lora_adapter(base, root / name, seed, **fields)
+        for seed, (name, fields) in enumerate(ADAPTERS.items())
     }
-    reference = {None: peft_greedy(base, None, prompt_ids)}
+    reference = {None: hf_greedy(base, prompt_ids, NEW_TOKENS)}
     for name, path in adapters.items():
-        reference[name] = peft_greedy(base, path, prompt_ids)
+        reference[name] = hf_greedy(base, prompt_ids, NEW_TOKENS, path)
     return base, adapters, prompt_ids, reference
 
 

@@ -45,9 +45,9 @@ def load_peft_adapter(request: LoRARequest, max_rank: int, targets: dict[str, tu
     that cannot be read or holds a tensor that is no LoRA linear weight, a module the base lacks or
     whose shapes differ from the base's.
     """
-    where = f"LoRA adapter {request.lora_name!r} ({request.lora_path})"
+    where = _where(request)
     folder = Path(request.lora_path)
-    config = _read_config(folder, where)
+    config = read_adapter_config(request)
     rank, alpha = config.get("r"), config.get("lora_alpha")
     if not isinstance(rank, int) or rank < 1:
         raise ValueError(f"{where}: adapter_config.json has no positive int 'r' (got {rank!r})")
@@ -84,7 +84,15 @@ def load_peft_adapter(request: LoRARequest, max_rank: int, targets: dict[str, tu
     return LoRAAdapter(request, rank, scaling, modules)
 
 
-def _read_config(folder: Path, where: str) -> dict[str, Any]:
+def _where(request: LoRARequest) -> str:
+    return f"LoRA adapter {request.lora_name!r} ({request.lora_path})"
+
+
+def read_adapter_config(request: LoRARequest) -> dict[str, Any]:
+    """The adapter's ``adapter_config.json``; ValueError, naming the adapter and the problem, for a path
+    that is no adapter directory or a config that is no LoRA or uses what is not supported (DoRA,
+    ``bias``, ``modules_to_save``, per-module patterns). A cheap check: no weights are read."""
+    where, folder = _where(request), Path(request.lora_path)
     path = folder / "adapter_config.json"
     if not folder.is_dir():
         raise ValueError(f"{where}: no such directory")
