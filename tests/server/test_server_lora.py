@@ -68,12 +68,15 @@ def test_model_field_picks_the_adapter(lora_server, adapters, tiny_model_dir) ->
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     prompt_ids = [tokenizer.encode(PROMPT)]
     for model, adapter in [(MODEL_NAME, None), ("sql", adapters["sql"]), ("chat", adapters["chat"])]:
-        [(expected, _)] = hf_greedy(tiny_model_dir, prompt_ids, NEW_TOKENS, adapter)
+        [(expected, expected_logprobs)] = hf_greedy(tiny_model_dir, prompt_ids, NEW_TOKENS, adapter)
         answer = client.completions.create(
-            model=model, prompt=prompt_ids[0], max_tokens=NEW_TOKENS, temperature=0, extra_body={"ignore_eos": True},
+            model=model, prompt=prompt_ids[0], max_tokens=NEW_TOKENS, temperature=0, logprobs=0,
+            extra_body={"ignore_eos": True},
         )  # fmt: skip
         assert answer.model == model
-        assert answer.choices[0].text == tokenizer.decode(expected), model
+        logprobs = answer.choices[0].logprobs
+        assert logprobs.tokens == [tokenizer.decode([t]) for t in expected], model
+        assert logprobs.token_logprobs == pytest.approx(expected_logprobs, abs=1e-3), model
     with pytest.raises(openai.NotFoundError, match="'nope' does not exist"):
         client.completions.create(model="nope", prompt="hi", max_tokens=2)
     with httpx.Client(base_url=lora_server.url, timeout=30) as http:

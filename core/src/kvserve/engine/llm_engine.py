@@ -62,6 +62,11 @@ class LLMEngine:
         self.model_path = source.path
         self.hf_config = source.hf_config
         settings = ModelSettings.resolve(config, self.platform, self.hf_config)
+        if config.lora.enable_lora and settings.quant_method.name != UnquantizedLinearMethod.name:
+            raise ConfigError(  # before loading: LoRA over quantized layers is a later phase (docs/lora.md)
+                f"enable_lora with a quantized base model (quantization {settings.quant_method.name!r}) is not "
+                "supported yet; serve an unquantized checkpoint (or quantization='none')"
+            )
         self.dtype, self.max_model_len = settings.dtype, settings.max_model_len
         self.platform.seed_everything(config.model.seed)
         self.eos_token_ids = self._eos_token_ids(source)
@@ -94,7 +99,7 @@ class LLMEngine:
         self.token_metadata: dict[str, TokenMetadataSource] = {}
         """Name -> the value each token of a request carries under it, sent to the model with every
         step (:attr:`kvserve.forward_context.ForwardContext.token_metadata`), e.g. LoRA adapter ids."""
-        self.lora = self._lora_manager(settings) if config.lora.enable_lora else None
+        self.lora = self._lora_manager() if config.lora.enable_lora else None
         """The LoRA adapters' cache and slots; None when ``enable_lora`` is off."""
         self.states: dict[str, RequestState] = {}
         """Requests by id, until their final output is out."""
@@ -139,14 +144,9 @@ class LLMEngine:
 
         return MultiprocExecutor(self.config, self.platform.distributed_backend)
 
-    def _lora_manager(self, settings: ModelSettings) -> LoRAManager:
-        """Slots in every linear layer of the model (one rank, unquantized: the config refuses the rest),
-        the per-token slot in every step and at most ``max_loras`` distinct adapters running."""
-        if settings.quant_method.name != UnquantizedLinearMethod.name:
-            raise ConfigError(
-                f"enable_lora with a quantized base model (quantization {settings.quant_method.name!r}) is not "
-                "supported yet; serve an unquantized checkpoint (or quantization='none')"
-            )
+    def _lora_manager(self) -> LoRAManager:
+        """Slots in every linear layer of the model (one rank, unquantized: refused before), the
+        per-token slot in every step and at most ``max_loras`` distinct adapters running."""
         lora = self.config.lora
         kernel = self.platform.lora_kernel() or TorchLoRAKernel()
         manager = LoRAManager(self.model, kernel, lora.max_loras, lora.max_lora_rank, lora.cached_adapters())

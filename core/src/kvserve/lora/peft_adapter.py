@@ -57,20 +57,28 @@ def load_peft_adapter(request: LoRARequest, max_rank: int, targets: dict[str, tu
         raise ValueError(f"{where}: adapter_config.json has no numeric 'lora_alpha' (got {alpha!r})")
     scaling = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
     pairs: dict[str, dict[str, torch.Tensor]] = {}
+    others = []
     for key, tensor in _read_weights(folder, where).items():
         match = _WEIGHT.match(key)
         if match is None:
-            raise ValueError(f"{where}: tensor {key!r} is not a LoRA linear weight (lora_A / lora_B of a module)")
-        pairs.setdefault(match["module"], {})[match["side"]] = tensor
+            others.append(key)
+        else:
+            pairs.setdefault(match["module"], {})[match["side"]] = tensor
+    for module in sorted(pairs):  # first: a LoRA on an unsupported module says more than its side tensors
+        if module not in targets:
+            raise ValueError(
+                f"{where}: module {module!r} is not a linear layer of the base model that LoRA can target "
+                "(q/k/v/o and gate/up/down projections; embeddings and lm_head come later)"
+            )
+    if others:
+        raise ValueError(
+            f"{where}: tensor {others[0]!r} is not a LoRA linear weight (lora_A / lora_B of a module); full "
+            "weights (saved embedding layers, modules_to_save) are not supported"
+        )
     if not pairs:
         raise ValueError(f"{where}: the weight file holds no LoRA weights")
     modules = {}
     for module, sides in sorted(pairs.items()):
-        if module not in targets:
-            raise ValueError(
-                f"{where}: module {module!r} is not a linear layer of the base model that LoRA can target "
-                "(q/k/v/o and gate/up/down projections)"
-            )
         if set(sides) != {"A", "B"}:
             raise ValueError(f"{where}: module {module!r} has lora_{''.join(sides)} but not both lora_A and lora_B")
         a, b = sides["A"].float(), sides["B"].float()
