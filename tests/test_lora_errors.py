@@ -181,7 +181,7 @@ def test_lora_request_without_enable_lora_is_refused():
     [
         ({"tensor_parallel_size": 2}, "enable_lora with tensor_parallel_size=2 is not supported yet"),
         ({"optimization_level": 1}, "enable_lora with optimization_level 1 (compiled) is not supported yet"),
-        ({"max_loras": 4, "max_cpu_loras": 2}, "max_cpu_loras (2) must be at least max_loras (4)"),
+        ({"max_loras": 4, "max_cpu_loras": 2}, "lora.max_cpu_loras: Value error, must be at least max_loras (4)"),
     ],
 )
 def test_unsupported_combinations_are_refused_at_start(fields, words):

@@ -16,6 +16,7 @@ from pydantic import (
     PositiveInt,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -230,13 +231,13 @@ class LoRAConfig(_Section):
         "first); None: max_loras",
     )
 
-    @model_validator(mode="after")
-    def _cache_holds_the_slots(self) -> LoRAConfig:
-        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
-            raise ValueError(
-                f"max_cpu_loras ({self.max_cpu_loras}) must be at least max_loras ({self.max_loras}), as vLLM requires"
-            )
-        return self
+    @field_validator("max_cpu_loras")
+    @classmethod
+    def _cache_holds_the_slots(cls, value: int | None, info: ValidationInfo) -> int | None:
+        max_loras = info.data.get("max_loras", 1)
+        if value is not None and value < max_loras:
+            raise ValueError(f"must be at least max_loras ({max_loras}), as vLLM requires")
+        return value
 
     def cached_adapters(self) -> int:
         """``max_cpu_loras`` resolved: at least ``max_loras``."""
