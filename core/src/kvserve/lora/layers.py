@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from kvserve.forward_context import get_forward_context
+from kvserve.forward_context import ForwardContext, get_forward_context
 from kvserve.interfaces.lora_kernel import LoRABatch, LoRAKernel
 
 LORA_SLOT = "lora_slot"
@@ -45,17 +45,16 @@ class LoRAStep:
     def __init__(self, kernel: LoRAKernel, device: torch.device) -> None:
         self.kernel = kernel
         self.device = device
-        self._slots: torch.Tensor | None = None
+        self._context: ForwardContext | None = None
         self._batch: LoRABatch | None = None
 
     def batch(self) -> LoRABatch | None:
         """This forward's batch; None when no token uses an adapter (or the forward carries no slots)."""
-        slots = get_forward_context().token_metadata.get(LORA_SLOT)
-        if slots is None:
-            return None
-        if slots is not self._slots:  # a new forward: its metadata tensor is a new one
-            self._slots = slots
-            self._batch = plan_lora_batch(slots.cpu().numpy(), self.device)
+        context = get_forward_context()
+        if context is not self._context:  # the runner builds a context per forward
+            self._context = context
+            slots = context.token_metadata.get(LORA_SLOT)
+            self._batch = None if slots is None else plan_lora_batch(slots.cpu().numpy(), self.device)
         return self._batch
 
 
