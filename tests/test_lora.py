@@ -121,8 +121,14 @@ def test_embedded_smollm2_with_peft_adapters(tmp_path):
     adapters in one batch, against transformers loading the same GGUF under PeftModel."""
     gguf = embedded_gguf_path()
     hf_dir = tmp_path / "smollm2"
-    model = transformers.AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    model.save_pretrained(hf_dir)  # the same weights as an HF directory, for peft and the reference
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # The same (dequantized) weights as a plain HF directory, for peft and the reference: transformers
+    # refuses to save a model it loaded from GGUF, so a fresh one of its config takes them.
+    config = loaded.config
+    del config.quantization_config
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict())
+    model.save_pretrained(hf_dir)
     llm = LLM(dtype="float32", quantization="none", max_model_len=256, enable_lora=True, max_loras=2)
     tokenizer = llm.get_tokenizer()
     tokenizer.save_pretrained(hf_dir)

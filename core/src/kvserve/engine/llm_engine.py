@@ -122,16 +122,17 @@ class LLMEngine:
         """How steps run: optimization level, eager or compiled (with compile seconds so far), the
         attention backend and the kernels it runs, e.g. ``optimization_level=0 (eager)
         attention_backend=cpu (decode and prefill: C++ paged kernel ...) linear_kernel=avx512 (...)
-        layer_ops=cpu-native (...) sampling_kernel=cpu-native``."""
+        layer_ops=cpu-native (...) sampling_kernel=cpu-native``, and ``lora_kernel=torch`` with LoRA on."""
         level = self.config.compilation.optimization_level
         compiled = self.runner.compiled if self.runner is not None else None
         how = compiled.describe() if compiled is not None else "eager" if level == 0 else "compiled on every rank"
         kernels = self.runner.backend.kernels() if self.runner is not None else ""
         backend = f"{self.backend_name} ({kernels})" if kernels else self.backend_name
         info = self.executor.info
+        lora = "" if self.lora is None else f" lora_kernel={self.lora.step.kernel.name}"
         return (
             f"optimization_level={level} ({how}) attention_backend={backend} linear_kernel={info.linear_kernel} "
-            f"layer_ops={info.layer_ops} sampling_kernel={self.sampler.kernel.describe()}"
+            f"layer_ops={info.layer_ops} sampling_kernel={self.sampler.kernel.describe()}{lora}"
         )
 
     # -- construction -------------------------------------------------------------------
