@@ -129,13 +129,15 @@ class LLM:
         messages: list[Message] | list[list[Message]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
-        """Apply the tokenizer's chat template to one conversation or a list of them, then generate."""
+        """Apply the tokenizer's chat template to one conversation or a list of them, then generate
+        (with ``lora_request`` as :meth:`generate` takes it)."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         rendered = [render_chat(self.engine.tokenizer, conv) for conv in conversations]  # type: ignore[arg-type]
         prompts = [text for text, _ in rendered]
         token_ids = [ids for _, ids in rendered]
-        outputs = self.generate(token_ids, sampling_params, use_tqdm)
+        outputs = self.generate(token_ids, sampling_params, use_tqdm, lora_request=lora_request)
         for output, prompt in zip(outputs, prompts):
             output.prompt = prompt  # the templated text, as vLLM reports it
         return outputs
