@@ -43,6 +43,8 @@ def _value(param: Any) -> tuple[list[str], Any]:
     """Command-line words giving ``param`` a value, and the value the command should pass on."""
     if getattr(param, "is_flag", False):
         return [param.opts[0]], True
+    if getattr(param, "multiple", False):  # a repeatable option passes the list of its values
+        return [param.opts[0], "x"], ["x"]
     annotation = param.type_descriptor.annotation
     value = {int: param.min if param.min is not None else 1, float: 1.5}.get(annotation, "x")
     words = [str(value)] if param.param_type_name == "argument" else [param.opts[0], str(value)]

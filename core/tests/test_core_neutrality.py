@@ -76,8 +76,14 @@ HF_TYPES = (
     "transformers model types whose configs need a default to be tiny, not kvserve model code"
 )
 
+LORA_CACHE = (
+    "vLLM's field and flag name for the adapters kept in host memory (--max-cpu-loras); kept so vLLM users' "
+    "configs carry over, it means host memory on every platform"
+)
+
 ALLOWED = (
     Allowed("*", "cpu", HOST),
+    Allowed("*", "max_cpu_loras", LORA_CACHE),
     Allowed("executor/ray_executor.py", "CPU", "Ray's resource name for a CPU in a placement group bundle"),
     Allowed("executor/ray_executor.py", "cpu_count", "os.cpu_count: how many CPUs Ray's local cluster gets"),
     Allowed("builtin_plugin.py", "llama3_json", TOOL_FORMATS),

@@ -21,6 +21,8 @@ SUBJECTS = {
     "TestHalfVersionedCapability": Subject("platform", "mutant_platform:HalfVersionedCapability"),
     "TestSamplerIgnoresMinP": Subject("platform", "mutant_platform:SamplerIgnoresMinP"),
     "TestSamplerKeepsEveryToken": Subject("platform", "mutant_platform:SamplerKeepsEveryToken"),
+    "TestLoRAPrefillLosesLastToken": Subject("platform", "mutant_platform:LoRAPrefillLosesLastToken"),
+    "TestLoRADecodeRowsShareOneAdapter": Subject("platform", "mutant_platform:LoRADecodeRowsShareOneAdapter"),
     "TestRealCpuPlatform": Subject("platform", "kvserve_platform_cpu.platform:CpuPlatform"),
 }
 
@@ -62,3 +64,16 @@ def test_each_sampling_kernel_mutant_fails_the_kernel_checks_only(outcomes, test
     failures = failed(outcomes[test_class])
     assert failures and all(test.startswith("test_sampling_kernel_") for test in failures), failures
     assert any(words in message for message in failures.values()), failures
+
+
+@pytest.mark.parametrize(
+    ("test_class", "words"),
+    [
+        ("TestLoRAPrefillLosesLastToken", "is off the dense reference"),
+        ("TestLoRADecodeRowsShareOneAdapter", "in a segment of 1 tokens) is off the dense reference"),
+    ],
+)
+def test_each_lora_kernel_mutant_fails_the_lora_checks_only(outcomes, test_class, words):
+    failures = failed(outcomes[test_class])
+    assert failures and all(test.startswith("test_lora_kernel_") for test in failures), failures
+    assert all(words in message for message in failures.values()), failures

@@ -4,6 +4,7 @@ import pytest
 
 from kvserve.kv_cache.paged import PagedKVCacheManager
 from kvserve.kv_cache.prefix_cache import PrefixCache
+from kvserve.lora import LoRARequest
 from kvserve.request import Request
 from kvserve.sampling_params import SamplingParams
 
@@ -149,6 +150,18 @@ def test_cache_salt_separates_caches():
     assert manager.num_cached_tokens(_request("b", range(9), salt="tenant-2")) == 0
     assert manager.num_cached_tokens(_request("c", range(9))) == 0
     assert manager.num_cached_tokens(_request("d", range(9), salt="tenant-1")) == 8
+
+
+def test_lora_adapters_separate_caches():
+    """Two adapters never share KV blocks (nor an adapter and the base model); one adapter does."""
+    sql, chat = LoRARequest("sql", 1, "/adapters/sql"), LoRARequest("chat", 2, "/adapters/chat")
+    manager = _manager()
+    _run_and_free(manager, Request("a", list(range(9)), SamplingParams(), lora_request=sql))
+    assert manager.num_cached_tokens(Request("b", list(range(9)), SamplingParams(), lora_request=chat)) == 0
+    assert manager.num_cached_tokens(_request("c", range(9))) == 0
+    assert manager.num_cached_tokens(Request("d", list(range(9)), SamplingParams(), lora_request=sql)) == 8
+    salted = Request("e", list(range(9)), SamplingParams(), cache_salt="tenant-1", lora_request=sql)
+    assert manager.num_cached_tokens(salted) == 0, "the salt still separates requests of one adapter"
 
 
 def test_forced_hash_collisions_never_reuse_wrong_blocks():

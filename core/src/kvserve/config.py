@@ -16,6 +16,7 @@ from pydantic import (
     PositiveInt,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -218,6 +219,45 @@ class ParallelConfig(_Section):
     )
 
 
+class LoRAConfig(_Section):
+    """Multi-LoRA: PEFT adapters run beside the base model, any mix of them in one batch (docs/lora.md)."""
+
+    enable_lora: bool = Field(
+        False, description="Serve LoRA adapters (requests name theirs: lora_request, or the model)"
+    )
+    max_lora_rank: PositiveInt = Field(16, description="Largest adapter rank r accepted; slots are sized for it")
+    max_loras: PositiveInt = Field(
+        1, description="Adapter slots: most distinct adapters running at once (others wait their turn)"
+    )
+    max_cpu_loras: PositiveInt | None = Field(
+        None,
+        description="Most adapters kept loaded in host memory that no request uses (least recently used leave "
+        "first); None: max_loras",
+    )
+
+    @field_validator("max_cpu_loras")
+    @classmethod
+    def _cache_holds_the_slots(cls, value: int | None, info: ValidationInfo) -> int | None:
+        max_loras = info.data.get("max_loras", 1)
+        if value is not None and value < max_loras:
+            raise ValueError(f"must be at least max_loras ({max_loras}), as vLLM requires")
+        return value
+
+    def cached_adapters(self) -> int:
+        """``max_cpu_loras`` resolved: at least ``max_loras``."""
+        return self.max_cpu_loras or self.max_loras
+
+
+class LoRAModule(BaseModel):
+    """One adapter the server serves under its own model name (``--lora-modules``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1)
+    path: str = Field(min_length=1)
+    base_model_name: str | None = None
+
+
 class StructuredOutputsConfig(_Section):
     """How constrained requests (``SamplingParams.structured_outputs``, ``response_format``) are compiled."""
 
@@ -363,6 +403,28 @@ class ServerConfig(_Section):
         description="Registered reasoning_parser name (`kvserve plugins` lists them): chat answers carry the model's "
         "reasoning as reasoning_content apart from content; None: off",
     )
+    lora_modules: list[LoRAModule] = Field(
+        default_factory=list,
+        description="LoRA adapters served as models of their own (needs enable_lora): 'name=path' or JSON "
+        '\'{"name": ..., "path": ..., "base_model_name": ...}\' entries; a request\'s model field picks one',
+    )
+
+    @field_validator("lora_modules", mode="before")
+    @classmethod
+    def _lora_module_forms(cls, value: Any) -> Any:
+        # --lora-modules sql=/adapters/sql '{"name": "chat", "path": "/adapters/chat"}', as vLLM takes them.
+        if isinstance(value, str):
+            value = json.loads(value) if value.lstrip().startswith("[") else [value]
+        return [_lora_module(item) if isinstance(item, str) else item for item in value]
+
+    @field_validator("lora_modules")
+    @classmethod
+    def _lora_names_unique(cls, value: list[LoRAModule]) -> list[LoRAModule]:
+        names = [module.name for module in value]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"adapter names {duplicates} are given more than once")
+        return value
 
     @field_validator("api_key", mode="before")
     @classmethod
@@ -387,6 +449,19 @@ class ServerConfig(_Section):
         return self
 
 
+def _lora_module(text: str) -> Any:
+    """``name=path`` or a JSON object, as ``--lora-modules`` entries are written."""
+    if text.lstrip().startswith("{"):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{text!r} is not JSON: {exc}") from None
+    name, sep, path = text.partition("=")
+    if not sep:
+        raise ValueError(f"{text!r}: expected name=path or a JSON object with name and path")
+    return {"name": name, "path": path}
+
+
 class EngineConfig(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     cache: CacheConfig = Field(default_factory=CacheConfig)
@@ -397,6 +472,7 @@ class EngineConfig(_Section):
     quantization: QuantizationConfig = Field(default_factory=QuantizationConfig)
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
     decoding: DecodingConfig = Field(default_factory=DecodingConfig)
+    lora: LoRAConfig = Field(default_factory=LoRAConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
 
     @model_validator(mode="after")
@@ -406,6 +482,25 @@ class EngineConfig(_Section):
             raise ValueError(
                 f"optimization_level {self.compilation.optimization_level} (compiled) is not supported with "
                 f"tensor_parallel_size={self.parallel.tensor_parallel_size} yet; use optimization_level 0"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _lora_combinations(self) -> EngineConfig:
+        # Phase 1 of LoRA (docs/lora.md): one rank, eager steps; the rest is refused, not half-built.
+        if self.server.lora_modules and not self.lora.enable_lora:
+            raise ValueError("lora_modules needs enable_lora")
+        if not self.lora.enable_lora:
+            return self
+        if self.parallel.tensor_parallel_size > 1:
+            raise ValueError(
+                f"enable_lora with tensor_parallel_size={self.parallel.tensor_parallel_size} is not supported yet "
+                "(adapters are not sharded across ranks); use tensor_parallel_size 1"
+            )
+        if self.compilation.optimization_level:
+            raise ValueError(
+                f"enable_lora with optimization_level {self.compilation.optimization_level} (compiled) is not "
+                "supported yet; use optimization_level 0"
             )
         return self
 

@@ -13,6 +13,7 @@ from kvserve.stopping import token_stop
 
 if TYPE_CHECKING:
     from kvserve.interfaces.logits_constraint import LogitsConstraint
+    from kvserve.lora.request import LoRARequest
 
 
 class RequestStatus(enum.Enum):
@@ -49,6 +50,8 @@ class Request:
     """Lower is more urgent (as in vLLM), for priority scheduling policies."""
     cache_salt: str | None = None
     """Separates prefix caches: blocks are reused only between requests with the same salt."""
+    lora_request: LoRARequest | None = None
+    """The LoRA adapter the request runs with (None: the base model); its KV is its own, as with a salt."""
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     num_preemptions: int = 0

@@ -6,10 +6,13 @@ platform contract fails each of them with a message naming the broken behaviour.
 
 from __future__ import annotations
 
+import dataclasses
+
 import psutil
 import torch
 
-from kvserve.interfaces import DeviceCapability, SamplingKernel
+from kvserve.interfaces import DeviceCapability, LoRAKernel, SamplingKernel
+from kvserve.lora.torch_kernel import TorchLoRAKernel
 from kvserve.sampling.torch_kernel import TorchSamplingKernel
 from kvserve_platform_cpu.platform import CpuPlatform
 
@@ -79,3 +82,33 @@ class SamplerKeepsEveryToken(CpuPlatform):
 
     def sampling_kernel(self) -> SamplingKernel:
         return _EveryTokenInTheNucleus()
+
+
+class _SegmentsLoseTheirLastToken(TorchLoRAKernel):
+    def expand(self, y, h, lora_b, batch):
+        shortened = tuple((start, max(start, stop - 1), slot) for start, stop, slot in batch.segments)
+        super().expand(y, h, lora_b, dataclasses.replace(batch, segments=shortened))
+
+
+class LoRAPrefillLosesLastToken(CpuPlatform):
+    """The LoRA kernel's segments stop a token short: the last token of every prefill chunk runs the base model."""
+
+    name = "cpu_lora_prefill_loses_last_token"
+
+    def lora_kernel(self) -> LoRAKernel:
+        return _SegmentsLoseTheirLastToken()
+
+
+class _DecodeRowsShareOneAdapter(TorchLoRAKernel):
+    def expand(self, y, h, lora_b, batch):
+        slots = batch.single_slots[:1].expand_as(batch.single_slots)
+        super().expand(y, h, lora_b, dataclasses.replace(batch, single_slots=slots))
+
+
+class LoRADecodeRowsShareOneAdapter(CpuPlatform):
+    """The LoRA kernel's batched decode rows all take the first row's adapter."""
+
+    name = "cpu_lora_decode_rows_share_one_adapter"
+
+    def lora_kernel(self) -> LoRAKernel:
+        return _DecodeRowsShareOneAdapter()

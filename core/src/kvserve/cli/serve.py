@@ -93,6 +93,21 @@ def serve(
         str | None,
         typer.Option(help="Sampling defaults as JSON over generation_config's, e.g. '{\"temperature\": 0.5}'."),
     ] = None,
+    enable_lora: Annotated[
+        bool | None, typer.Option("--enable-lora", help="Serve LoRA adapters (see --lora-modules).")
+    ] = None,
+    lora_modules: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="An adapter served under its own model name: name=path, or JSON "
+            '\'{"name": ..., "path": ..., "base_model_name": ...}\' (repeat the flag for several).'
+        ),
+    ] = None,
+    max_lora_rank: Annotated[int | None, typer.Option(help="Largest adapter rank accepted (default: 16).")] = None,
+    max_loras: Annotated[int | None, typer.Option(help="Adapters running at once (default: 1).")] = None,
+    max_cpu_loras: Annotated[
+        int | None, typer.Option(help="Idle adapters kept loaded in host memory (default: max_loras).")
+    ] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn's log level.")] = "info",
 ) -> None:
     """Serve a model over the OpenAI API until SIGINT or SIGTERM.
@@ -109,7 +124,8 @@ def serve(
         tool_call_parser=tool_call_parser, tool_parser_plugin=tool_parser_plugin, reasoning_parser=reasoning_parser,
         structured_outputs_config=structured_outputs_config, speculative_config=speculative_config,
         generation_config=generation_config, override_generation_config=override_generation_config,
-        optimization_level=optimization_level,
+        optimization_level=optimization_level, enable_lora=enable_lora, lora_modules=lora_modules,
+        max_lora_rank=max_lora_rank, max_loras=max_loras, max_cpu_loras=max_cpu_loras,
     )  # fmt: skip
     from kvserve.server.runner import serve as run_server  # after the config: a bad one fails before the import
 

@@ -21,11 +21,16 @@ from kvserve.engine.generation_defaults import (
 from kvserve.engine.output_processor import RequestState
 from kvserve.engine.stats import EngineStats, StatLogger
 from kvserve.engine.validation import CheckedRequest, check_request
-from kvserve.errors import EngineDeadError
+from kvserve.errors import ConfigError, EngineDeadError
 from kvserve.executor import Executor, InProcessExecutor
 from kvserve.interfaces import SchedulerOutput
 from kvserve.interfaces.proposer import TargetModel
+from kvserve.layers.linear import UnquantizedLinearMethod
 from kvserve.logging_setup import configure_logging
+from kvserve.lora.layers import LORA_SLOT
+from kvserve.lora.manager import LoRAManager, adapter_id
+from kvserve.lora.request import LoRARequest
+from kvserve.lora.torch_kernel import TorchLoRAKernel
 from kvserve.outputs import RequestOutput, TokenLogprobs
 from kvserve.reasoning import load_reasoning_parser
 from kvserve.request import Request, RequestStatus
@@ -37,6 +42,7 @@ from kvserve.sampling import Sampler, SamplerOutput, default_stages, token_logpr
 from kvserve.sampling.batch_processors import BatchLogitsProcessorsStage
 from kvserve.sampling.processor_loading import resolve_logits_processors
 from kvserve.sampling_params import SamplingParams
+from kvserve.scheduling import DistinctKeyLimit
 from kvserve.spec_decode.speculator import Speculator, load_proposer
 from kvserve.spec_decode.verification import accepted_tokens, row_requests
 from kvserve.stopping import grammar_complete
@@ -57,6 +63,11 @@ class LLMEngine:
         self.model_path = source.path
         self.hf_config = source.hf_config
         settings = ModelSettings.resolve(config, self.platform, self.hf_config)
+        if config.lora.enable_lora and settings.quant_method.name != UnquantizedLinearMethod.name:
+            raise ConfigError(  # before loading: LoRA over quantized layers is a later phase (docs/lora.md)
+                f"enable_lora with a quantized base model (quantization {settings.quant_method.name!r}) is not "
+                "supported yet; serve an unquantized checkpoint (or quantization='none')"
+            )
         self.dtype, self.max_model_len = settings.dtype, settings.max_model_len
         self.platform.seed_everything(config.model.seed)
         self.eos_token_ids = self._eos_token_ids(source)
@@ -90,6 +101,8 @@ class LLMEngine:
         self.token_metadata: dict[str, TokenMetadataSource] = {}
         """Name -> the value each token of a request carries under it, sent to the model with every
         step (:attr:`kvserve.forward_context.ForwardContext.token_metadata`), e.g. LoRA adapter ids."""
+        self.lora = self._lora_manager() if config.lora.enable_lora else None
+        """The LoRA adapters' cache and slots; None when ``enable_lora`` is off."""
         self.states: dict[str, RequestState] = {}
         """Requests by id, until their final output is out."""
         self.stat_logger = StatLogger()
@@ -111,16 +124,17 @@ class LLMEngine:
         """How steps run: optimization level, eager or compiled (with compile seconds so far), the
         attention backend and the kernels it runs, e.g. ``optimization_level=0 (eager)
         attention_backend=cpu (decode and prefill: C++ paged kernel ...) linear_kernel=avx512 (...)
-        layer_ops=cpu-native (...) sampling_kernel=cpu-native``."""
+        layer_ops=cpu-native (...) sampling_kernel=cpu-native``, and ``lora_kernel=torch`` with LoRA on."""
         level = self.config.compilation.optimization_level
         compiled = self.runner.compiled if self.runner is not None else None
         how = compiled.describe() if compiled is not None else "eager" if level == 0 else "compiled on every rank"
         kernels = self.runner.backend.kernels() if self.runner is not None else ""
         backend = f"{self.backend_name} ({kernels})" if kernels else self.backend_name
         info = self.executor.info
+        lora = "" if self.lora is None else f" lora_kernel={self.lora.step.kernel.name}"
         return (
             f"optimization_level={level} ({how}) attention_backend={backend} linear_kernel={info.linear_kernel} "
-            f"layer_ops={info.layer_ops} sampling_kernel={self.sampler.kernel.describe()}"
+            f"layer_ops={info.layer_ops} sampling_kernel={self.sampler.kernel.describe()}{lora}"
         )
 
     # -- construction -------------------------------------------------------------------
@@ -132,6 +146,16 @@ class LLMEngine:
         from kvserve.executor.multiproc import MultiprocExecutor
 
         return MultiprocExecutor(self.config, self.platform.distributed_backend)
+
+    def _lora_manager(self) -> LoRAManager:
+        """Slots in every linear layer of the model (one rank, unquantized: refused before), the
+        per-token slot in every step and at most ``max_loras`` distinct adapters running."""
+        lora = self.config.lora
+        kernel = self.platform.lora_kernel() or TorchLoRAKernel()
+        manager = LoRAManager(self.model, kernel, lora.max_loras, lora.max_lora_rank, lora.cached_adapters())
+        self.token_metadata[LORA_SLOT] = manager.slot_of
+        self.scheduler.add_admission_rule(DistinctKeyLimit(adapter_id, lora.max_loras))
+        return manager
 
     def _sampler(self) -> Sampler:
         """The sampler pipeline, with the configured batch-level logits processors as one stage; it
@@ -162,32 +186,43 @@ class LLMEngine:
         prompt: str | None = None,
         priority: int = 0,
         cache_salt: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> CheckedRequest:
         """The request checked for :meth:`add_request`, for a front end in this process (see
         :func:`~kvserve.engine.validation.check_request`): raises naming the field a ValueError for
         a token id outside the vocabulary (prompt, ``stop_token_ids``, ``allowed_token_ids``,
-        ``logit_bias``, tokenized ``bad_words``), ``n`` above ``max_n`` or params a batch-level logits
-        processor refuses, a CapacityError for too long a request, EngineDeadError once the engine
-        has stopped. Nothing decodes the prompt."""
+        ``logit_bias``, tokenized ``bad_words``), ``n`` above ``max_n``, params a batch-level logits
+        processor refuses or a ``lora_request`` without ``enable_lora``, a CapacityError for too long a
+        request, EngineDeadError once the engine has stopped. Nothing decodes the prompt."""
         self._check_alive()
         return check_request(
             prompt_token_ids, params, vocab_size=self.hf_config.vocab_size, max_model_len=self.max_model_len,
             max_n=self.config.scheduler.max_n, tokenizer=self.tokenizer,
             logits_processors=self.logits_processor_classes,
             structured_outputs=self.config.decoding.structured_outputs_config,
-            prompt=prompt, priority=priority, cache_salt=cache_salt,
+            prompt=prompt, priority=priority, cache_salt=cache_salt, lora_request=lora_request,
+            enable_lora=self.lora is not None,
         )  # fmt: skip
+
+    def load_lora(self, lora_request: LoRARequest) -> None:
+        """Read and check ``lora_request``'s adapter now (cached for the requests that name it):
+        ValueError naming the problem; see :meth:`~kvserve.lora.manager.LoRAManager.load`."""
+        if self.lora is None:
+            raise ValueError("lora_request: this engine was started without LoRA; start it with enable_lora=True")
+        self.lora.load(lora_request)
 
     def add_request(self, request_id: str, request: CheckedRequest) -> None:
         """Queue a request a front end checked (it is not checked again). ValueError if
         ``request_id`` is in use or the request asks for more than one sample (a front end fans
-        ``n > 1`` out: :class:`~kvserve.frontend.parallel_sampling.ParentRequest`); EngineDeadError
-        once the engine has stopped."""
+        ``n > 1`` out: :class:`~kvserve.frontend.parallel_sampling.ParentRequest`) or its LoRA adapter
+        cannot be loaded (:meth:`load_lora`); EngineDeadError once the engine has stopped."""
         self._check_alive()
         if request_id in self.states:
             raise ValueError(f"request_id: {request_id!r} is already in use")
         if request.params.n != 1:
             raise ValueError(f"n: the engine runs one sample per request (got {request.params.n}); fan it out first")
+        if request.lora_request is not None:
+            self.load_lora(request.lora_request)
         queued = Request(
             request_id,
             list(request.prompt_token_ids),
@@ -196,12 +231,15 @@ class LLMEngine:
             priority=request.priority,
             cache_salt=request.cache_salt,
             bad_words_token_ids=request.bad_words_token_ids,
+            lora_request=request.lora_request,
         )
         if request.after_prompt_of is not None:
             queued.ready_when = functools.partial(self._prompt_shared, request.after_prompt_of, queued)
         if request.structured_output_backend is not None:
             self.grammars.submit(queued, request.structured_output_backend)
         self.states[request_id] = RequestState(request_id, request.prompt, queued, self.tokenizer)
+        if self.lora is not None and request.lora_request is not None:
+            self.lora.acquire(request_id, request.lora_request)
         self.scheduler.add_request(queued)
 
     def _prompt_shared(self, leader_id: str, request: Request) -> bool:
@@ -245,6 +283,8 @@ class LLMEngine:
                 self.stat_logger.record_step(0, 0, len(plan.preempted))
                 return self._outputs(failed)
             self._mark_scheduled(plan)
+            if self.lora is not None:
+                self.lora.activate(item.request for item in plan.scheduled)
             step = self.executor.execute(StepInput.from_plan(plan, self.kv_cache_manager, self.token_metadata))
             # Who samples: the requests whose chunk completes their sequence, from each of its rows (one,
             # or 1 + k verifying k drafts: every row is sampled as the request with the drafts before it).
@@ -456,6 +496,8 @@ class LLMEngine:
         final output is out)."""
         self.sampler.forget(request.request_id)
         self.grammars.forget(request.request_id)
+        if self.lora is not None:
+            self.lora.release(request.request_id)
         if self.speculator is not None:
             self.speculator.forget(request.request_id)
 

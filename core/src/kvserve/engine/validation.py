@@ -13,6 +13,7 @@ from typing import Any
 from kvserve.config import StructuredOutputsConfig
 from kvserve.errors import CapacityError
 from kvserve.interfaces.logits_processor import LogitsProcessor
+from kvserve.lora.request import LoRARequest
 from kvserve.sampling import bad_word_token_ids
 from kvserve.sampling_params import SamplingParams
 from kvserve.structured_outputs.selection import choose_backend
@@ -40,6 +41,8 @@ class CheckedRequest:
     the scheduler can."""
     structured_output_backend: str | None = None
     """The registered backend that compiles ``params.structured_outputs`` (None: unconstrained)."""
+    lora_request: LoRARequest | None = None
+    """The LoRA adapter the request runs with (None: the base model)."""
 
 
 def check_request(
@@ -55,6 +58,8 @@ def check_request(
     prompt: str | None = None,
     priority: int = 0,
     cache_salt: str | None = None,
+    lora_request: LoRARequest | None = None,
+    enable_lora: bool = False,
 ) -> CheckedRequest:
     """Raise naming the field if the request can never run; otherwise the request, checked.
 
@@ -65,7 +70,14 @@ def check_request(
     ``logits_processors`` validates the params too (its ValueError names the field). A
     ``params.structured_outputs`` constraint no backend of ``structured_outputs`` (the engine's
     config) accepts: ValueError with the compiler's message; one that is accepted records its backend.
+    A ``lora_request`` for an engine without ``enable_lora``: ValueError (the adapter itself is read
+    and checked by the engine, where it runs).
     """
+    if lora_request is not None and not enable_lora:
+        raise ValueError(
+            f"lora_request: adapter {lora_request.lora_name!r} asked of an engine started without LoRA; "
+            "start it with enable_lora=True"
+        )
     if not prompt_token_ids:
         raise ValueError("prompt: empty prompt")
     _check_token_ids("prompt_token_ids", prompt_token_ids, vocab_size)
@@ -88,8 +100,9 @@ def check_request(
     if params.structured_outputs is not None:
         backend = choose_backend(params.structured_outputs, structured_outputs or StructuredOutputsConfig())
     return CheckedRequest(
-        list(prompt_token_ids), params, bad_words, priority, cache_salt, prompt, structured_output_backend=backend
-    )
+        list(prompt_token_ids), params, bad_words, priority, cache_salt, prompt,
+        structured_output_backend=backend, lora_request=lora_request,
+    )  # fmt: skip
 
 
 def _check_token_ids(field: str, token_ids: list[int], vocab_size: int) -> None:

@@ -12,6 +12,7 @@ from kvserve.chat_template import render_chat
 from kvserve.config import EngineConfig
 from kvserve.engine.llm_engine import LLMEngine
 from kvserve.frontend.parallel_sampling import ParentRequest
+from kvserve.lora.request import LoRARequest
 from kvserve.outputs import RequestOutput
 from kvserve.sampling_params import SamplingParams
 
@@ -51,10 +52,13 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
         priority: Sequence[int] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Generate for every prompt (see :data:`Prompt`); outputs come back in input order.
 
-        Without ``sampling_params`` every prompt gets :meth:`get_default_sampling_params`. If any
+        Without ``sampling_params`` every prompt gets :meth:`get_default_sampling_params`.
+        ``lora_request``: one adapter for every prompt, or one (or None: the base model) per prompt;
+        needs ``enable_lora``, and each adapter is read and checked before anything is queued. If any
         prompt is invalid nothing is queued and the error names it (a TypeError or
         ValueError naming the prompt's index). A request the engine failed comes back finished
         with ``finish_reason="abort"`` and ``RequestOutput.error``; if the engine itself
@@ -67,13 +71,23 @@ class LLM:
         if len(sampling_params) != len(prompts):
             raise ValueError(f"sampling_params: {len(sampling_params)} given for {len(prompts)} prompts")
         priority = list(priority) if priority is not None else [0] * len(prompts)
+        if lora_request is None or isinstance(lora_request, LoRARequest):
+            lora_request = [lora_request] * len(prompts)
+        if len(lora_request) != len(prompts):
+            raise ValueError(f"lora_request: {len(lora_request)} given for {len(prompts)} prompts")
         parsed = [self._parse_prompt(i, p) for i, p in enumerate(prompts)]
         requests = [  # every prompt checked, once, before any is queued
             self.engine.check_request(
-                token_ids, params.model_copy(update={"output_kind": "final_only"}), prompt=text, priority=prio
-            )
-            for (text, token_ids), params, prio in zip(parsed, sampling_params, priority)
+                token_ids,
+                params.model_copy(update={"output_kind": "final_only"}),
+                prompt=text,
+                priority=prio,
+                lora_request=lora,
+            )  # fmt: skip
+            for (text, token_ids), params, prio, lora in zip(parsed, sampling_params, priority, lora_request)
         ]
+        for lora in dict.fromkeys(r.lora_request for r in requests if r.lora_request is not None):
+            self.engine.load_lora(lora)
         ids = [f"offline-{next(self._ids)}" for _ in prompts]
         parents: dict[str, ParentRequest] = {}  # engine request id -> the n > 1 request it is a sample of
         for request_id, request in zip(ids, requests):
@@ -115,13 +129,15 @@ class LLM:
         messages: list[Message] | list[list[Message]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
-        """Apply the tokenizer's chat template to one conversation or a list of them, then generate."""
+        """Apply the tokenizer's chat template to one conversation or a list of them, then generate
+        (with ``lora_request`` as :meth:`generate` takes it)."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         rendered = [render_chat(self.engine.tokenizer, conv) for conv in conversations]  # type: ignore[arg-type]
         prompts = [text for text, _ in rendered]
         token_ids = [ids for _, ids in rendered]
-        outputs = self.generate(token_ids, sampling_params, use_tqdm)
+        outputs = self.generate(token_ids, sampling_params, use_tqdm, lora_request=lora_request)
         for output, prompt in zip(outputs, prompts):
             output.prompt = prompt  # the templated text, as vLLM reports it
         return outputs

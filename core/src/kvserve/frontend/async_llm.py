@@ -25,6 +25,7 @@ from kvserve.frontend.client import EngineCoreClient
 from kvserve.frontend.output_stream import OutputStream
 from kvserve.frontend.parallel_sampling import ParentRequest, ParentStream
 from kvserve.frontend.thread_client import ThreadClient
+from kvserve.lora.request import LoRARequest
 from kvserve.outputs import RequestOutput
 from kvserve.sampling_params import SamplingParams
 
@@ -89,14 +90,16 @@ class AsyncLLM:
         prompt: str | None = None,
         priority: int = 0,
         cache_salt: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> CheckedRequest:
         """The request checked for :meth:`generate`: raises naming the field if it can never be served
         (see ``check_request``), EngineDeadError once the core has stopped. Nothing reaches the core."""
         if self._closed is not None:
             raise EngineDeadError(self._closed)
         return self.info.check_request(
-            prompt_token_ids, params, prompt=prompt, priority=priority, cache_salt=cache_salt
-        )
+            prompt_token_ids, params, prompt=prompt, priority=priority, cache_salt=cache_salt,
+            lora_request=lora_request,
+        )  # fmt: skip
 
     async def generate(
         self,
@@ -105,10 +108,12 @@ class AsyncLLM:
         request_id: str,
         priority: int = 0,
         cache_salt: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Yield outputs as the request progresses (per ``params.output_kind``), the last one finished.
 
-        ``prompt``: text or token ids, checked here with ``params``, ``priority`` and ``cache_salt``;
+        ``prompt``: text or token ids, checked here with ``params``, ``priority``, ``cache_salt`` and
+        ``lora_request`` (the adapter it runs with; the engine reads it, and a bad one fails the request);
         or a request :meth:`validate_prompt` checked (then ``params`` is None), not checked again.
         Invalid requests raise before anything is queued. ``n > 1`` runs as ``n`` engine requests
         whose outputs are merged (:class:`~kvserve.frontend.parallel_sampling.ParentRequest`).
@@ -123,7 +128,9 @@ class AsyncLLM:
         else:
             text = prompt if isinstance(prompt, str) else None
             token_ids = self.tokenizer.encode(prompt) if text is not None else list(prompt)
-            request = self.validate_prompt(token_ids, params, prompt=text, priority=priority, cache_salt=cache_salt)
+            request = self.validate_prompt(
+                token_ids, params, prompt=text, priority=priority, cache_salt=cache_salt, lora_request=lora_request
+            )
         stream = OutputStream(delta=request.params.output_kind == "delta")
         parent = ParentRequest(request_id, request) if request.params.n > 1 else None
         engine_requests = parent.children if parent is not None else {request_id: request}

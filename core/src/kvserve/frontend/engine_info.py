@@ -9,6 +9,7 @@ from kvserve.config import StructuredOutputsConfig
 from kvserve.engine.llm_engine import LLMEngine
 from kvserve.engine.validation import CheckedRequest, check_request
 from kvserve.interfaces.logits_processor import LogitsProcessor
+from kvserve.lora.request import LoRARequest
 from kvserve.sampling_params import SamplingParams
 
 
@@ -29,6 +30,8 @@ class EngineInfo:
     """The engine's ``structured_outputs_config`` (which backends may compile a request's constraint)."""
     default_sampling_fields: dict[str, Any] = field(default_factory=dict)
     """SamplingParams fields a request that leaves them unset gets (``LLMEngine.default_sampling_fields``)."""
+    enable_lora: bool = False
+    """Whether requests may name a LoRA adapter."""
 
     @classmethod
     def from_engine(cls, engine: LLMEngine) -> EngineInfo:
@@ -41,6 +44,7 @@ class EngineInfo:
             logits_processors=tuple(engine.logits_processor_classes),
             structured_outputs=engine.config.decoding.structured_outputs_config,
             default_sampling_fields=dict(engine.default_sampling_fields),
+            enable_lora=engine.config.lora.enable_lora,
         )
 
     def check_request(
@@ -51,6 +55,7 @@ class EngineInfo:
         prompt: str | None = None,
         priority: int = 0,
         cache_salt: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> CheckedRequest:
         """:func:`~kvserve.engine.validation.check_request` against this engine's limits and its
         batch-level logits processors."""
@@ -58,4 +63,5 @@ class EngineInfo:
             prompt_token_ids, params, vocab_size=self.vocab_size, max_model_len=self.max_model_len,
             max_n=self.max_n, tokenizer=self.tokenizer, logits_processors=self.logits_processors,
             structured_outputs=self.structured_outputs, prompt=prompt, priority=priority, cache_salt=cache_salt,
+            lora_request=lora_request, enable_lora=self.enable_lora,
         )  # fmt: skip

@@ -7,6 +7,7 @@ from kvserve.interfaces.layer_ops import LayerOps
 from kvserve.interfaces.linear_kernel import LinearKernel
 from kvserve.interfaces.logits_constraint import LogitsConstraint
 from kvserve.interfaces.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
+from kvserve.interfaces.lora_kernel import LoRABatch, LoRAKernel
 from kvserve.interfaces.model import Model
 from kvserve.interfaces.platform import DeviceCapability, Platform
 from kvserve.interfaces.proposer import DraftProposer, DraftRequest, TargetModel
@@ -37,6 +38,8 @@ __all__ = [
     "LinearKernel",
     "LogitsConstraint",
     "LogitsProcessor",
+    "LoRABatch",
+    "LoRAKernel",
     "Model",
     "MoveDirectionality",
     "ParamLoading",

@@ -12,6 +12,7 @@ if TYPE_CHECKING:
 
     from kvserve.interfaces.layer_ops import LayerOps
     from kvserve.interfaces.linear_kernel import LinearKernel
+    from kvserve.interfaces.lora_kernel import LoRAKernel
     from kvserve.interfaces.sampling_kernel import SamplingKernel
 
 
@@ -147,5 +148,14 @@ class Platform(ABC):
         platform whose kernel is unavailable here returns ``TorchSamplingKernel(reason=...)``.
 
         Called once per engine; build or import the kernel here, not at module import.
+        """
+        return None
+
+    def lora_kernel(self) -> LoRAKernel | None:
+        """The platform's batched LoRA shrink/expand (see :class:`LoRAKernel`); ``None`` (the default):
+        core's PyTorch one (``kvserve.lora.torch_kernel.TorchLoRAKernel``).
+
+        Called once per engine that has ``enable_lora``; build or import the kernel here, not at
+        module import.
         """
         return None

@@ -178,5 +178,7 @@ class PagedKVCacheManager(KVCacheManager):
 
     @staticmethod
     def _extra_keys(request: Request) -> ExtraKeys:
-        """What besides the tokens must match for KV to be shared."""
-        return () if request.cache_salt is None else (request.cache_salt,)
+        """What besides the tokens must match for KV to be shared: the salt, and the LoRA adapter (its KV
+        differs from the base model's and every other adapter's for the same tokens)."""
+        salt = () if request.cache_salt is None else (request.cache_salt,)
+        return salt if request.lora_request is None else (*salt, request.lora_request)

@@ -79,6 +79,9 @@ class LinearBase(torch.nn.Module):
             )
         else:
             self.bias = None
+        self.lora: torch.nn.Module | None = None
+        """With LoRA on, the adapters' slots (``kvserve.lora.layers.LoRALinear``): ``lora(x, y)`` adds
+        each token's adapter term to the base output ``y``; None: the base layer alone."""
 
     def _method_for_layer(self, quant_method: QuantizationMethod) -> QuantizationMethod:
         ignored = [p for p in self.shard_prefixes if quant_method.is_ignored(p)]
@@ -153,7 +156,8 @@ class LinearBase(torch.nn.Module):
         return tensor
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.quant_method.apply(self, x, self.bias)
+        y = self.quant_method.apply(self, x, self.bias)
+        return y if self.lora is None else self.lora(x, y)
 
 
 def _split(size: int, what: str, prefix: str) -> int:

@@ -52,7 +52,19 @@ async def list_models(request: Request) -> JSONResponse:
         "id": state.model_name, "object": "model", "created": state.created, "owned_by": "kvserve",
         "root": state.llm.info.model_path, "max_model_len": state.llm.info.max_model_len,
     }  # fmt: skip
-    return JSONResponse({"object": "list", "data": [card]})
+    adapters = [
+        {
+            "id": name,
+            "object": "model",
+            "created": state.created,
+            "owned_by": "kvserve",
+            "root": adapter.lora_path,
+            "parent": adapter.base_model_name or state.model_name,
+            "max_model_len": state.llm.info.max_model_len,
+        }  # fmt: skip
+        for name, adapter in state.adapters.items()
+    ]
+    return JSONResponse({"object": "list", "data": [card, *adapters]})
 
 
 @router.post("/tokenize", openapi_extra=json_body(TokenizeRequest))

@@ -37,8 +37,10 @@ class GenerationRun(ABC):
     def __init__(
         self, state: ServerState, body: GenerationRequest, params: SamplingParams, prompts: list[list[int]]
     ) -> None:
-        self.requests = state.validate(prompts, params, body.priority, body.constraint_renames())
+        self.requests = state.validate(prompts, params, body.priority, body.constraint_renames(), body.model)
         self.state = state
+        self.model_name = body.model if body.model in state.adapters else state.model_name
+        """The name the answer reports: the adapter's when the request named one."""
         self.params = params
         self.prompts = prompts
         self.stream = bool(body.stream)

@@ -117,7 +117,7 @@ class _ChatRun(GenerationRun):
                 )
             )  # fmt: skip
         return ChatCompletionResponse(
-            id=self.id, created=self.created, model=self.state.model_name, choices=choices, usage=self.choices.usage()
+            id=self.id, created=self.created, model=self.model_name, choices=choices, usage=self.choices.usage()
         )
 
     async def events(self) -> AsyncIterator[str]:
@@ -146,5 +146,5 @@ class _ChatRun(GenerationRun):
 
     def _chunk(self, choices: list[ChatChunkChoice], usage: UsageInfo | None = None) -> ChatCompletionChunk:
         return ChatCompletionChunk(
-            id=self.id, created=self.created, model=self.state.model_name, choices=choices, usage=usage
+            id=self.id, created=self.created, model=self.model_name, choices=choices, usage=usage
         )

@@ -88,6 +88,4 @@ class _CompletionRun(GenerationRun):
         )  # fmt: skip
 
     def _wrap(self, choices: list[CompletionChoice], usage: UsageInfo | None = None) -> CompletionResponse:
-        return CompletionResponse(
-            id=self.id, created=self.created, model=self.state.model_name, choices=choices, usage=usage
-        )
+        return CompletionResponse(id=self.id, created=self.created, model=self.model_name, choices=choices, usage=usage)

@@ -16,6 +16,8 @@ from kvserve.engine.validation import CheckedRequest
 from kvserve.errors import CapacityError
 from kvserve.frontend.async_llm import AsyncLLM
 from kvserve.loader.default_model import EMBEDDED_MODEL_NAME
+from kvserve.lora.peft_adapter import read_adapter_config
+from kvserve.lora.request import LoRARequest
 from kvserve.outputs import RequestOutput
 from kvserve.reasoning import reasoning_parser_class
 from kvserve.sampling_params import SamplingParams
@@ -34,6 +36,8 @@ class ServerState:
         self.llm = llm
         self.config = config
         self.model_name = config.served_model_name or model_name or EMBEDDED_MODEL_NAME
+        self.adapters = self._adapters(config)
+        """The ``lora_modules`` by name: a request whose ``model`` is one of them runs with that adapter."""
         self.metrics = ServerMetrics(llm.stats)
         self.limits = RequestLimits(config, llm.info.vocab_size)
         self.reasoning_parser = reasoning_parser_class(config.reasoning_parser)
@@ -58,24 +62,46 @@ class ServerState:
         if not self.accepting:
             raise OpenAIError(503, "the server is shutting down", code="shutting_down")
 
+    def _adapters(self, config: ServerConfig) -> dict[str, LoRARequest]:
+        """The LoRA adapters served by name (ids from 1 in the order given), each adapter directory's
+        config checked now: a missing or refused adapter stops the start, naming it."""
+        adapters = {}
+        for lora_int_id, module in enumerate(config.lora_modules, start=1):
+            if module.name == self.model_name:
+                raise ValueError(f"lora_modules: adapter name {module.name!r} is the base model's served name")
+            adapter = LoRARequest(module.name, lora_int_id, module.path, module.base_model_name)
+            read_adapter_config(adapter)
+            adapters[module.name] = adapter
+        return adapters
+
     def check_model(self, name: str | None) -> None:
-        """``None`` (vLLM allows omitting it) means the served model."""
-        if name is not None and name != self.model_name:
+        """``None`` (vLLM allows omitting it) means the served model; an adapter's name means that adapter."""
+        if name is not None and name != self.model_name and name not in self.adapters:
+            served = ", ".join(repr(n) for n in [self.model_name, *self.adapters])
             raise OpenAIError(
                 404,
-                f"model {name!r} does not exist; this server serves {self.model_name!r}",
+                f"model {name!r} does not exist; this server serves {served}",
                 "model",
                 "model_not_found",
             )
 
     def validate(
-        self, prompts: list[list[int]], params: SamplingParams, priority: int, renames: dict[str, str] | None = None
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        priority: int,
+        renames: dict[str, str] | None = None,
+        model: str | None = None,
     ) -> list[CheckedRequest]:
         """Each prompt checked, once, before anything is queued or streamed: a prompt the engine could
         never serve is refused (400, naming the field, as ``renames`` has it); :meth:`generate` takes the
-        checked requests."""
+        checked requests, with the LoRA adapter ``model`` names (none for the base model)."""
+        lora_request = self.adapters.get(model) if model is not None else None
         try:
-            return [self.llm.validate_prompt(token_ids, params, priority=priority) for token_ids in prompts]
+            return [
+                self.llm.validate_prompt(token_ids, params, priority=priority, lora_request=lora_request)
+                for token_ids in prompts
+            ]
         except (ValueError, CapacityError) as exc:  # the message names the field
             raise engine_error(exc, renames) from None
 

@@ -125,3 +125,50 @@ def served_model_type() -> str:
         if name in model_types:
             return model_types[name]
     raise PluginError("no installed model plugin serves a transformers causal-LM architecture to build a tiny model of")
+
+
+def build_lora_adapter(base: Path, path: Path, seed: int = 0, scale: float = 0.2, **lora_config: Any) -> Path:
+    """Save a PEFT LoRA adapter of the checkpoint in ``base`` to ``path``, made with the real ``peft``
+    library (``get_peft_model`` with ``LoraConfig(**lora_config)``, e.g. ``r=8, lora_alpha=16,
+    target_modules=["q_proj", "v_proj"], use_rslora=True``), its A and B drawn at random (normal,
+    std ``scale``): PEFT starts B at zero, an adapter that would change nothing."""
+    import peft
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    adapted = peft.get_peft_model(model, peft.LoraConfig(task_type="CAUSAL_LM", lora_dropout=0.0, **lora_config))
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in adapted.named_parameters():
+            if "lora_A" in name or "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * scale)
+    adapted.save_pretrained(path)
+    return path
+
+
+def hf_greedy(
+    base: Path, prompt_ids: list[list[int]], max_new_tokens: int, adapter: Path | None = None
+) -> list[tuple[list[int], list[float]]]:
+    """HF ``generate`` (greedy, float32, exactly ``max_new_tokens``) of the checkpoint in ``base``, or of
+    ``peft``'s ``PeftModel`` with the adapter in ``adapter``: per prompt, the tokens and their logprobs."""
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    if adapter is not None:
+        import peft
+
+        model = peft.PeftModel.from_pretrained(model, adapter)
+    model.eval()
+    results = []
+    for ids in prompt_ids:
+        with torch.no_grad():
+            out = model.generate(
+                input_ids=torch.tensor([ids]), do_sample=False, max_new_tokens=max_new_tokens,
+                min_new_tokens=max_new_tokens, output_logits=True, return_dict_in_generate=True,
+            )  # fmt: skip
+        tokens = out.sequences[0, len(ids) :].tolist()
+        logprobs = [float(step[0].log_softmax(-1)[token]) for step, token in zip(out.logits, tokens)]
+        results.append((tokens, logprobs))
+    return results

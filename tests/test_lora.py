@@ -1,0 +1,166 @@
+"""Multi-LoRA through ``LLM``: adapters made with the real ``peft`` library on tiny local HF models,
+run in one batch mixed with the base model and each other, against ``peft``'s own ``PeftModel``.
+
+Each adapter's A and B are random and non-zero (PEFT starts B at zero, which would test nothing);
+ranks, target sets and rsLoRA differ between them. Greedy float32 tokens must be identical and the
+chosen tokens' logprobs within 1e-3.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+import transformers
+
+from kvserve import LLM, SamplingParams
+from kvserve.config import EngineConfig
+from kvserve.frontend.async_llm import AsyncLLM
+from kvserve.loader.default_model import embedded_gguf_path
+from kvserve.lora import LoRARequest
+from kvserve.testing.hf_models import build_lora_adapter, build_tiny_model, hf_greedy
+
+NEW_TOKENS = 6
+PROMPTS = [
+    "The quick brown fox",
+    "Paris is the capital of",
+    "Paged attention stores keys and values in fixed size blocks, and continuous batching",
+]
+ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
+MLP = ["gate_proj", "up_proj", "down_proj"]
+ADAPTERS = {  # name -> LoraConfig fields
+    "qv-r8": {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]},
+    "all-r4-rslora": {"r": 4, "lora_alpha": 8, "target_modules": ATTENTION + MLP, "use_rslora": True},
+    "mlp-r16": {"r": 16, "lora_alpha": 8, "target_modules": ["up_proj", "down_proj"]},
+}
+BASES = {
+    "llama": ("llama", {}),
+    "gemma3": ("gemma3_text", {"num_hidden_layers": 3, "head_dim": 32, "sliding_window": 6}),
+}
+ENGINE = {"dtype": "float32", "max_model_len": 128, "num_kv_blocks": 96, "max_loras": 4, "max_lora_rank": 16}
+
+
+@pytest.fixture(scope="module", params=sorted(BASES))
+def setup(request, tmp_path_factory):
+    """The base model, its adapters and the HF/PEFT reference of every (adapter or base, prompt)."""
+    arch, overrides = BASES[request.param]
+    root = tmp_path_factory.mktemp(f"lora-{request.param}")
+    base = build_tiny_model(arch, root / "base", **overrides)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(base)
+    prompt_ids = [tokenizer.encode(p) for p in PROMPTS]
+    adapters = {
+        name: build_lora_adapter(base, root / name, seed, **fields)
+        for seed, (name, fields) in enumerate(ADAPTERS.items())
+    }
+    reference = {None: hf_greedy(base, prompt_ids, NEW_TOKENS)}
+    for name, path in adapters.items():
+        reference[name] = hf_greedy(base, prompt_ids, NEW_TOKENS, path)
+    return base, adapters, prompt_ids, reference
+
+
+def lora_requests(adapters):
+    return {name: LoRARequest(name, i + 1, str(path)) for i, (name, path) in enumerate(adapters.items())}
+
+
+def test_mixed_batch_matches_peft(setup):
+    """Every adapter and the base model, each on every prompt, in one generate call (one batch)."""
+    base, adapters, prompt_ids, reference = setup
+    llm = LLM(str(base), enable_lora=True, **ENGINE)
+    requests = lora_requests(adapters)
+    names = [None, *adapters]
+    jobs = [(name, i) for i in range(len(prompt_ids)) for name in names]
+    params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=0)
+    outputs = llm.generate(
+        [prompt_ids[i] for _, i in jobs], params, use_tqdm=False,
+        lora_request=[None if name is None else requests[name] for name, _ in jobs],
+    )  # fmt: skip
+    for (name, i), output in zip(jobs, outputs):
+        tokens, logprobs = reference[name][i]
+        got = output.outputs[0]
+        assert got.token_ids == tokens, f"adapter {name}, prompt {i}"
+        got_logprobs = [entry[t].logprob for entry, t in zip(got.logprobs, got.token_ids)]
+        assert got_logprobs == pytest.approx(logprobs, abs=1e-3), f"adapter {name}, prompt {i}"
+    # The adapters change the model: the test compares something.
+    for name in adapters:
+        assert any(reference[name][i][0] != reference[None][i][0] for i in range(len(prompt_ids))), name
+
+
+def test_async_llm_runs_adapters_and_refuses_a_bad_one(setup, tmp_path):
+    """``AsyncLLM.generate(..., lora_request=...)``: PeftModel's tokens; an adapter the engine cannot read
+    fails its request only, naming the problem, and the engine serves on."""
+    base, adapters, prompt_ids, reference = setup
+    llm = AsyncLLM.from_config(EngineConfig.from_flat(model=str(base), enable_lora=True, **ENGINE))
+    requests = lora_requests(adapters)
+    params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    missing = LoRARequest("missing", 99, str(tmp_path / "missing"))
+
+    async def run(request_id, prompt, lora_request):
+        async for output in llm.generate(prompt, params, request_id, lora_request=lora_request):
+            last = output
+        return last.outputs[0].token_ids
+
+    async def main():
+        jobs = [run(f"r{i}-{name}", prompt_ids[i], requests[name]) for i in range(2) for name in adapters]
+        got = await asyncio.gather(*jobs)
+        with pytest.raises(Exception, match="LoRA adapter 'missing'.*no such directory"):
+            await run("bad", prompt_ids[0], missing)
+        again = await run("again", prompt_ids[0], requests["qv-r8"])
+        return got, again
+
+    try:
+        got, again = asyncio.run(main())
+    finally:
+        llm.shutdown()
+    assert got == [reference[name][i][0] for i in range(2) for name in adapters]
+    assert again == reference["qv-r8"][0][0]
+
+
+def test_embedded_smollm2_with_peft_adapters(tmp_path):
+    """The embedded SmolLM2-135M (its GGUF dequantized: quantization='none'), the base model and two
+    adapters in one batch, against transformers loading the same GGUF under PeftModel."""
+    gguf = embedded_gguf_path()
+    hf_dir = tmp_path / "smollm2"
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # The same (dequantized) weights as a plain HF directory, for peft and the reference: transformers
+    # refuses to save a model it loaded from GGUF, so a fresh one of its config takes them.
+    config = loaded.config
+    del config.quantization_config
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict())
+    model.save_pretrained(hf_dir)
+    llm = LLM(dtype="float32", quantization="none", max_model_len=256, enable_lora=True, max_loras=2)
+    tokenizer = llm.get_tokenizer()
+    tokenizer.save_pretrained(hf_dir)
+    prompt_ids = [tokenizer.encode(p) for p in PROMPTS[:2]]
+    adapters = {
+        "qv": build_lora_adapter(
+            hf_dir, tmp_path / "qv", 1, scale=0.1, r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]
+        ),
+        "all": build_lora_adapter(
+            hf_dir,
+            tmp_path / "all",
+            2,
+            scale=0.05,
+            r=16,
+            lora_alpha=16,
+            target_modules=ATTENTION + MLP,
+            use_rslora=True,
+        ),
+    }
+    requests = lora_requests(adapters)
+    jobs = [(name, i) for i in range(len(prompt_ids)) for name in [None, *adapters]]
+    params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=0)
+    outputs = llm.generate(
+        [prompt_ids[i] for _, i in jobs], params, use_tqdm=False,
+        lora_request=[None if name is None else requests[name] for name, _ in jobs],
+    )  # fmt: skip
+    reference = {name: hf_greedy(hf_dir, prompt_ids, NEW_TOKENS, adapters.get(name)) for name in [None, *adapters]}
+    for (name, i), output in zip(jobs, outputs):
+        tokens, logprobs = reference[name][i]
+        got = output.outputs[0]
+        assert got.token_ids == tokens, f"adapter {name}, prompt {i}"
+        got_logprobs = [entry[t].logprob for entry, t in zip(got.logprobs, got.token_ids)]
+        assert got_logprobs == pytest.approx(logprobs, abs=1e-3), f"adapter {name}, prompt {i}"
+    for name in adapters:
+        assert any(reference[name][i][0] != reference[None][i][0] for i in range(len(prompt_ids))), name
