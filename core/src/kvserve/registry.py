@@ -22,6 +22,7 @@ DISTRIBUTION_FAMILIES = {
     "quantization_method": "quant",
     "structured_output_backend": "structured-outputs",
     "gguf_architecture": "models",
+    "proposer": "proposer",
 }
 """The naming convention of kvserve's plugin distributions, per kind: ``kvserve-<family>-<name>``
 (``kvserve-attention-flash-attn`` registers the attention backend ``flash_attn``; a model

@@ -518,6 +518,49 @@ void configure_tiles() {
   _tile_loadconfig(&config);
 }
 
+inline void zero_accumulators() {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+}
+
+// One k step: x's tile group at `xk` (and the next group when `two`) times the panel step's two
+// column tiles at `wk`, into the accumulators.
+inline void multiply_step(const char* wk, int64_t ldw, const char* xk, int64_t ldx, bool two) {
+  _tile_loadd(6, wk, ldw);
+  _tile_loadd(7, wk + 64, ldw);
+  _tile_loadd(4, xk, ldx);
+  _tile_dpbf16ps(0, 4, 6);
+  _tile_dpbf16ps(1, 4, 7);
+  if (two) {
+    _tile_loadd(5, xk + kAmxRows * ldx, ldx);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+}
+
+// The accumulators into `c` (kAmxPanel floats a row), then their first `rows` to `out` (row stride N,
+// columns n0..n0+kAmxPanel) times `scale` (null: none, else one or one per column) plus `bias`.
+inline void write_panel(float* c, bool two, int64_t rows, const float* scale, bool per_column,
+                        const c10::BFloat16* bias, int64_t n0, int64_t N, c10::BFloat16* out) {
+  constexpr int64_t ldc = kAmxPanel * sizeof(float);
+  _tile_stored(0, c, ldc);
+  _tile_stored(1, c + 16, ldc);
+  if (two) {
+    _tile_stored(2, c + kAmxRows * kAmxPanel, ldc);
+    _tile_stored(3, c + kAmxRows * kAmxPanel + 16, ldc);
+  }
+  for (int64_t b = 0; b < 2; ++b) {
+    const __m512 add = bias ? load_bias(bias + n0 + 16 * b, 0xFFFF) : _mm512_setzero_ps();
+    const __m512 times = !scale ? _mm512_set1_ps(1.0f)
+                         : per_column ? _mm512_loadu_ps(scale + n0 + 16 * b) : _mm512_set1_ps(*scale);
+    for (int64_t i = 0; i < rows; ++i)  // times 1 is exact: the dense sums as they were
+      store_out(out + i * N + n0 + 16 * b, 0xFFFF,
+                _mm512_fmadd_ps(_mm512_load_ps(c + i * kAmxPanel + 16 * b), times, add));
+  }
+}
+
 // bfloat16 on AMX: each thread streams its run of 32-column panels, once per block of 128 rows; for
 // every 32 rows (two tile groups) a panel's k runs through four accumulator tiles, each weight and x
 // tile loaded once per k (so no load waits on a multiply still reading its tile). The first 32
@@ -544,7 +587,6 @@ void run_amx_panels(const c10::BFloat16* x, int64_t M, int64_t K, int64_t N, con
   }
   constexpr int64_t ldw = kAmxPanel * 2 * sizeof(c10::BFloat16);  // bytes per k pair of a panel
   constexpr int64_t step_bytes = kAmxK / 2 * ldw;                // a panel's weights per k step
-  constexpr int64_t ldc = kAmxPanel * sizeof(float);
   const int64_t ldx = K * sizeof(c10::BFloat16);
   at::parallel_for(0, N / kAmxPanel, 1, [&](int64_t p0, int64_t p1) {
     configure_tiles();
@@ -556,10 +598,7 @@ void run_amx_panels(const c10::BFloat16* x, int64_t M, int64_t K, int64_t N, con
       const char* w = reinterpret_cast<const char*>(panel_of(p, buffer));
       for (int64_t m0 = mb; m0 < std::min(padded_rows, mb + kAmxRowBlock); m0 += 2 * kAmxRows) {
         const bool two = m0 + kAmxRows < padded_rows;
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
+        zero_accumulators();
         const char* xm = reinterpret_cast<const char*>(x + m0 * K);
         for (int64_t k = 0; k < K; k += kAmxK) {
           const char* wk = w + k / 2 * ldw;
@@ -568,32 +607,9 @@ void run_amx_panels(const c10::BFloat16* x, int64_t M, int64_t K, int64_t N, con
             #pragma GCC unroll 32
             for (int64_t line = 0; line < step_bytes; line += 64) _mm_prefetch(wk + step_bytes + line, _MM_HINT_T0);
           }
-          _tile_loadd(6, wk, ldw);
-          _tile_loadd(7, wk + 64, ldw);
-          _tile_loadd(4, xk, ldx);
-          _tile_dpbf16ps(0, 4, 6);
-          _tile_dpbf16ps(1, 4, 7);
-          if (two) {
-            _tile_loadd(5, xk + kAmxRows * ldx, ldx);
-            _tile_dpbf16ps(2, 5, 6);
-            _tile_dpbf16ps(3, 5, 7);
-          }
+          multiply_step(wk, ldw, xk, ldx, two);
         }
-        _tile_stored(0, c, ldc);
-        _tile_stored(1, c + 16, ldc);
-        if (two) {
-          _tile_stored(2, c + kAmxRows * kAmxPanel, ldc);
-          _tile_stored(3, c + kAmxRows * kAmxPanel + 16, ldc);
-        }
-        const int64_t rows = std::min(2 * kAmxRows, M - m0);
-        for (int64_t b = 0; b < 2; ++b) {
-          const __m512 add = bias ? load_bias(bias + n0 + 16 * b, 0xFFFF) : _mm512_setzero_ps();
-          const __m512 times = !scale ? _mm512_set1_ps(1.0f)
-                               : per_column ? _mm512_loadu_ps(scale + n0 + 16 * b) : _mm512_set1_ps(*scale);
-          for (int64_t i = 0; i < rows; ++i)  // times 1 is exact: the dense sums as they were
-            store_out(out + (m0 + i) * N + n0 + 16 * b, 0xFFFF,
-                      _mm512_fmadd_ps(_mm512_load_ps(c + i * kAmxPanel + 16 * b), times, add));
-        }
+        write_panel(c, two, std::min(2 * kAmxRows, M - m0), scale, per_column, bias, n0, N, out + m0 * N);
       }
      }
     }
@@ -857,7 +873,6 @@ void run_fp8_amx_decode(const c10::BFloat16* x, int64_t M, int64_t K, const uint
   std::vector<c10::BFloat16> padded(padded_rows * K, c10::BFloat16(0.0f));
   std::memcpy(padded.data(), x, M * K * sizeof(c10::BFloat16));
   constexpr int64_t ldw = kAmxPanel * 2 * sizeof(c10::BFloat16);
-  constexpr int64_t ldc = kAmxPanel * sizeof(float);
   const int64_t ldx = K * sizeof(c10::BFloat16);
   const bool two = padded_rows > kAmxRows;
   at::parallel_for(0, N / kAmxPanel, 1, [&](int64_t p0, int64_t p1) {
@@ -868,38 +883,15 @@ void run_fp8_amx_decode(const c10::BFloat16* x, int64_t M, int64_t K, const uint
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t n0 = p * kAmxPanel;
       const uint8_t* panel = packed + n0 * K;
-      _tile_zero(0);
-      _tile_zero(1);
-      _tile_zero(2);
-      _tile_zero(3);
+      zero_accumulators();
       for (int64_t k = 0; k < K; k += kAmxK) {
         c10::BFloat16* step = steps[(k / kAmxK) % 2];
         convert_fp8_chunk(panel, kAmxPanel, k, k + kAmxK, step);
         const char* wk = reinterpret_cast<const char*>(step);
         const char* xk = xm + k * sizeof(c10::BFloat16);
-        _tile_loadd(6, wk, ldw);
-        _tile_loadd(7, wk + 64, ldw);
-        _tile_loadd(4, xk, ldx);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        if (two) {
-          _tile_loadd(5, xk + kAmxRows * ldx, ldx);
-          _tile_dpbf16ps(2, 5, 6);
-          _tile_dpbf16ps(3, 5, 7);
-        }
+        multiply_step(wk, ldw, xk, ldx, two);
       }
-      _tile_stored(0, c, ldc);
-      _tile_stored(1, c + 16, ldc);
-      if (two) {
-        _tile_stored(2, c + kAmxRows * kAmxPanel, ldc);
-        _tile_stored(3, c + kAmxRows * kAmxPanel + 16, ldc);
-      }
-      for (int64_t b = 0; b < 2; ++b) {
-        const __m512 add = bias ? load_bias(bias + n0 + 16 * b, 0xFFFF) : _mm512_setzero_ps();
-        const __m512 times = per_column ? _mm512_loadu_ps(scale + n0 + 16 * b) : _mm512_set1_ps(*scale);
-        for (int64_t i = 0; i < M; ++i)
-          store_out(out + i * N + n0 + 16 * b, 0xFFFF, _mm512_fmadd_ps(_mm512_load_ps(c + i * kAmxPanel + 16 * b), times, add));
-      }
+      write_panel(c, two, M, scale, per_column, bias, n0, N, out);
     }
     _tile_release();
   });
