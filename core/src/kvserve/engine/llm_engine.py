@@ -285,7 +285,10 @@ class LLMEngine:
             self._mark_scheduled(plan)
             if self.lora is not None:
                 self.lora.activate(item.request for item in plan.scheduled)
-            step = self.executor.execute(StepInput.from_plan(plan, self.kv_cache_manager, self.token_metadata))
+            keep_hidden = self.speculator is not None and self.speculator.uses_hidden_states
+            step = self.executor.execute(
+                StepInput.from_plan(plan, self.kv_cache_manager, self.token_metadata, keep_hidden_states=keep_hidden)
+            )
             # Who samples: the requests whose chunk completes their sequence, from each of its rows (one,
             # or 1 + k verifying k drafts: every row is sampled as the request with the drafts before it).
             rows: list[Request] = []
@@ -363,6 +366,7 @@ class LLMEngine:
         self._record_prompt_logprobs(plan, step)
         self.scheduler.update(plan, [accepted.get(i, []) for i in range(len(plan.scheduled))])
         num_new_tokens = 0
+        hidden: dict[str, torch.Tensor] = {}  # request id -> hidden states of its emitted tokens' rows
         for request, first_row, before in owners:
             state = self._live_state(request)
             if state is None:
@@ -370,6 +374,8 @@ class LLMEngine:
             changed[state.request_id] = state
             new_tokens = request.output_token_ids[before:]  # the accepted ones, up to a token stop rule
             num_new_tokens += len(new_tokens)
+            if step.hidden_states is not None:
+                hidden[request.request_id] = step.hidden_states[first_row : first_row + len(new_tokens)]
             try:
                 self.sampler.accept(request, new_tokens)
             except Exception as exc:  # its constraint refused a token: this request only
@@ -385,7 +391,7 @@ class LLMEngine:
                 self._fail(state, f"processing the output failed: {type(exc).__name__}: {exc}")
         if self.speculator is not None:
             running = [r for r, _, _ in owners if not r.status.finished]
-            self.speculator.propose(running, self.scheduler.num_running())
+            self.speculator.propose(running, self.scheduler.num_running(), hidden)
         return changed, num_new_tokens
 
     def _add_token(self, state: RequestState, token: int, logprobs: TokenLogprobs | None, last: bool) -> bool:

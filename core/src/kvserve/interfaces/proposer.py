@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, ClassVar
 from pydantic import BaseModel
 
 if TYPE_CHECKING:
+    import torch
+
     from kvserve.config import EngineConfig, SpeculativeConfig
     from kvserve.interfaces.platform import Platform
 
@@ -37,6 +39,16 @@ class DraftRequest:
     prompt_token_ids: Sequence[int]
     output_token_ids: Sequence[int]
     """Generated so far; the last one is the token the drafts follow."""
+    hidden_states: torch.Tensor | None = None
+    """For a proposer with :attr:`DraftProposer.uses_hidden_states`: the target model's final hidden
+    states (the ones its logits are computed from), ``[n, hidden]`` in the model dtype on the target's
+    device (the CPU under tensor parallelism), of the positions that produced the ``n`` tokens its last
+    step emitted: row ``j`` is the state from which ``output_token_ids[-n + j]`` was sampled, so the
+    last row is the state at the position before the last token (with that token, an EAGLE head's
+    input for the first draft). ``n`` is 1 after a prefill or a plain decode step, ``1 + accepted``
+    after a verification step. Only the last step's rows: a request skipped in between (above
+    ``disable_by_batch_size``) arrives with the rows of its latest step alone. A view of the step's
+    tensor: clone what you keep. None otherwise."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +83,12 @@ class DraftProposer(ABC):
     """The method's own ``speculative_config`` fields (vLLM's names, e.g. ``suffix_decoding_max_tree_depth``)
     as a pydantic model with their defaults; None: it takes none. A field neither the core's
     :class:`~kvserve.config.SpeculativeConfig` nor this model declares stops the engine at start, named."""
+
+    uses_hidden_states: ClassVar[bool] = False
+    """True: the engine keeps the target's final hidden states of the positions it samples and hands
+    each request's rows to :meth:`propose` as :attr:`DraftRequest.hidden_states` (EAGLE-style heads
+    draft from them). They depend on the target's arithmetic, so such a proposer is deterministic only
+    up to its rounding; outputs stay exact all the same (verification never trusts a draft)."""
 
     def __init__(self, config: SpeculativeConfig, vocab_size: int) -> None:
         """Keep the config, the vocabulary size and the method's validated fields (as :attr:`config`,

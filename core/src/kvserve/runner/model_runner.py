@@ -113,16 +113,19 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, step: StepInput) -> StepLogits:
-        """One forward over every token of ``step``; logits of its sample positions and prompt-logit spans."""
+        """One forward over every token of ``step``; logits of its sample positions and prompt-logit
+        spans (and the sample positions' hidden states when ``step.keep_hidden_states``)."""
         input_ids, positions, batch, metadata = self.prepare(step)
         ctx = ForwardContext(self.backend, batch, self.backend.build_metadata(batch), self.kv_caches, metadata)
         forward = self.model if self.compiled is None else self.compiled
         with current_forward_context(ctx):  # for layers the context is not passed to (linear layers)
             hidden = forward(input_ids, positions, ctx)
         samples = torch.from_numpy(step.sample_indices).to(self.device)
-        logits = self.model.compute_logits(hidden[samples]).float()
+        sample_hidden = hidden[samples]
+        logits = self.model.compute_logits(sample_hidden).float()
         prompt_logits = {
             chunk: self.model.compute_logits(hidden[first:stop]).float()
             for chunk, (first, stop) in step.prompt_logit_spans.items()
         }
-        return StepLogits(logits, step.sample_start_loc, prompt_logits)
+        kept = sample_hidden if step.keep_hidden_states else None
+        return StepLogits(logits, step.sample_start_loc, prompt_logits, kept)

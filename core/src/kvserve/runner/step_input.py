@@ -49,6 +49,9 @@ class StepInput:
     token_metadata: dict[str, np.ndarray] = field(default_factory=dict)
     """Name -> ``[num_tokens]`` int64 values, one per token (e.g. ``"lora_id"``: the adapter of each
     token's request); the runner puts each into :attr:`~kvserve.forward_context.ForwardContext.token_metadata`."""
+    keep_hidden_states: bool = False
+    """Hand back the model's final hidden states of the sample positions too (a speculative-decoding
+    proposer that drafts from them asked for them)."""
 
     def __post_init__(self) -> None:
         num_chunks, num_tokens = len(self.context_lens), len(self.token_ids)
@@ -81,10 +84,12 @@ class StepInput:
         plan: SchedulerOutput,
         kv_cache_manager: KVCacheManager,
         token_metadata: Mapping[str, TokenMetadataSource] | None = None,
+        keep_hidden_states: bool = False,
     ) -> StepInput:
         """The step of ``plan``: block tables from ``kv_cache_manager`` (after scheduling, so they
         cover the chunks), sample positions at the last ``1 + num_lookahead`` tokens of every chunk
-        that completes its sequence, and per name of ``token_metadata`` each token's value from its request."""
+        that completes its sequence, and per name of ``token_metadata`` each token's value from its request;
+        ``keep_hidden_states`` as the field."""
         scheduled = plan.scheduled
         num_chunks = len(scheduled)
         counts = np.fromiter((item.num_tokens for item in scheduled), np.int64, num_chunks)
@@ -121,4 +126,5 @@ class StepInput:
             sample_start_loc=sample_start_loc,
             prompt_logit_spans=spans,
             token_metadata=metadata,
+            keep_hidden_states=keep_hidden_states,
         )

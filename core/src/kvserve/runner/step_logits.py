@@ -20,6 +20,10 @@ class StepLogits:
     sample_start_loc[i + 1] - 1``."""
     prompt_logits: dict[int, torch.Tensor] = field(default_factory=dict)
     """Chunk -> float32 ``[n, vocab]`` logits of the step input's ``prompt_logit_spans[chunk]`` tokens."""
+    hidden_states: torch.Tensor | None = None
+    """``[num_samples, hidden]`` in the model dtype, row for row with :attr:`logits`: the model's final
+    hidden states (what its logits are computed from), when the step input's ``keep_hidden_states``
+    asked for them; else None."""
 
     def rows(self, chunk: int) -> range:
         """Chunk ``chunk``'s rows of :attr:`logits`, in the order of its sample positions."""
@@ -33,4 +37,5 @@ class StepLogits:
     def to(self, device: str | torch.device) -> StepLogits:
         """The same rows with every tensor on ``device``."""
         prompt = {chunk: t.to(device) for chunk, t in self.prompt_logits.items()}
-        return StepLogits(self.logits.to(device), self.sample_start_loc, prompt)
+        hidden = None if self.hidden_states is None else self.hidden_states.to(device)
+        return StepLogits(self.logits.to(device), self.sample_start_loc, prompt, hidden)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from kvserve.config import EngineConfig, SpeculativeConfig
 from kvserve.errors import ConfigError
@@ -11,6 +12,9 @@ from kvserve.interfaces.proposer import DraftProposer, DraftRequest, TargetModel
 from kvserve.plugins import load_component
 from kvserve.request import Request, RequestStatus
 from kvserve.spec_decode.verification import can_verify_constraint
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -66,10 +70,18 @@ class Speculator:
         self.proposer = proposer
         self.stats = SpecDecodeStats()
 
-    def propose(self, requests: Sequence[Request], num_running: int) -> None:
+    @property
+    def uses_hidden_states(self) -> bool:
+        """Whether steps keep the target's hidden states for the proposer."""
+        return self.proposer.uses_hidden_states
+
+    def propose(
+        self, requests: Sequence[Request], num_running: int, hidden_states: Mapping[str, torch.Tensor] | None = None
+    ) -> None:
         """Set ``draft_token_ids`` of each of ``requests`` (this step's sampled ones) that decodes next:
         none when more than ``disable_by_batch_size`` requests run, or for a request whose grammar
-        cannot roll back."""
+        cannot roll back. ``hidden_states``: request id -> the rows of its emitted tokens, when
+        :attr:`uses_hidden_states`."""
         limit = self.config.disable_by_batch_size
         if limit is not None and num_running > limit:
             for request in requests:
@@ -84,7 +96,10 @@ class Speculator:
         ]
         if not wanted:
             return
-        views = [DraftRequest(r.request_id, r.prompt_token_ids, r.output_token_ids) for r in wanted]
+        hidden = hidden_states or {}
+        views = [
+            DraftRequest(r.request_id, r.prompt_token_ids, r.output_token_ids, hidden.get(r.request_id)) for r in wanted
+        ]
         drafts = self.proposer.propose(views, [self.config.num_speculative_tokens] * len(wanted))
         for request, proposed in zip(wanted, drafts, strict=True):
             request.draft_token_ids = self._well_formed(proposed)
