@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 
 from kvserve import distributed
-from kvserve.interfaces import DeviceCapability, Platform
+from kvserve.interfaces import DeviceCapability, LoRAKernel, Platform
 from kvserve_platform_cuda import capability as sm
 
 KV_CACHE_MEMORY_FRACTION = 0.9
@@ -92,3 +92,9 @@ class CudaPlatform(Platform):
         random.seed(seed)
         torch.manual_seed(seed)
         torch.cuda.manual_seed_all(seed)
+
+    def lora_kernel(self) -> LoRAKernel:
+        # triton loads here, not with the platform: only an engine with enable_lora needs it
+        from kvserve_platform_cuda.lora.kernel import TritonLoRAKernel
+
+        return TritonLoRAKernel()
