@@ -49,6 +49,23 @@ def test_generated_contract_module_runs_what_is_installed_and_names_what_is_not(
     assert "ALL PASSED" in text and "TestAttentionBackend_cpu" in text and "no_such_backend" in text
 
 
+def test_generated_platform_contract_checks_the_lora_kernel_in_float16_too(tmp_path):
+    """The platform contract the script generates checks the LoRA kernel in bfloat16, float16 and
+    float32 (the CPU platform's, here: the dtypes it does not run are skipped, saying so)."""
+    script = load_script()
+    module = tmp_path / "test_gpu_contracts.py"
+    module.write_text(script.CONTRACTS_MODULE.replace("__TARGETS__", repr([("platform", "cpu")])))
+    junit = tmp_path / "contracts.xml"
+    run = script.Run(tmp_path, budget=300)
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--rootdir={tmp_path}",
+               "-k", "lora_kernel_matches", f"--junitxml={junit}", str(module)]  # fmt: skip
+    step = run.step("contracts", command, 300, junit)
+    assert step["status"] == "passed", step["output_tail"]
+    counts = step["tests"]["TestPlatform_cpu"]
+    assert counts["failed"] == 0 and counts["passed"] + counts["skipped"] == 3 * 4, counts  # 3 dtypes x 4 seeds
+    assert counts["passed"] >= 2 * 4, counts  # float32 and bfloat16 run on the CPU
+
+
 def test_summary_gives_each_backends_lookahead_step_against_its_decode(tmp_path):
     """The benchmark step runs with ``--lookahead``; the summary lists each backend's 1 + k step
     with its ratio to the decode, and leaves out rows without one (decodes, skipped backends)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 from collections.abc import Callable
@@ -9,8 +10,10 @@ from collections.abc import Callable
 import torch
 
 from kvserve import distributed
-from kvserve.interfaces import DeviceCapability, Platform
+from kvserve.interfaces import DeviceCapability, LoRAKernel, Platform
 from kvserve_platform_cuda import capability as sm
+
+logger = logging.getLogger("kvserve")
 
 KV_CACHE_MEMORY_FRACTION = 0.9
 """Default share of free memory (after weights and the profiled activation peak) the KV cache takes;
@@ -92,3 +95,14 @@ class CudaPlatform(Platform):
         random.seed(seed)
         torch.manual_seed(seed)
         torch.cuda.manual_seed_all(seed)
+
+    def lora_kernel(self) -> LoRAKernel | None:
+        # triton loads here, not with the platform: only an engine with enable_lora needs it
+        try:
+            from kvserve_platform_cuda.lora.kernel import TritonLoRAKernel
+        except ModuleNotFoundError as exc:
+            if exc.name != "triton":
+                raise
+            logger.warning("triton is not installed (it has no wheel for this system): LoRA runs core's PyTorch kernel")
+            return None
+        return TritonLoRAKernel()

@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-import dataclasses
 import random
 import time
 from typing import ClassVar
 
-import numpy as np
 import pytest
 import torch
 
 from kvserve.interfaces import DeviceCapability, LoRAKernel, Platform, SamplingKernel
-from kvserve.lora.layers import plan_lora_batch
 from kvserve.lora.torch_kernel import TorchLoRAKernel
 from kvserve.request import Request
 from kvserve.sampling import Sampler
 from kvserve.sampling_params import SamplingParams
 from kvserve.testing.contracts._base import ComponentContract
+from kvserve.testing.lora_reference import check_lora_kernel
 
 
 class PlatformContract(ComponentContract):
@@ -56,6 +54,13 @@ class PlatformContract(ComponentContract):
     interface = Platform
     platform: ClassVar[str]
     """Registry name of the platform under test."""
+    lora_dtypes: ClassVar[tuple[str, ...]] = ("float32", "bfloat16")
+    """Dtypes the LoRA kernel is checked in (those the platform runs); ``scripts/gpu-check`` adds float16."""
+
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        super().pytest_generate_tests(metafunc)
+        if "lora_dtype" in metafunc.fixturenames:
+            metafunc.parametrize("lora_dtype", self.lora_dtypes)
 
     @pytest.fixture(scope="class")
     @classmethod
@@ -267,49 +272,10 @@ class PlatformContract(ComponentContract):
         assert isinstance(kernel, LoRAKernel), f"lora_kernel() returned {kernel!r}, not a LoRAKernel"
         return kernel
 
-    @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-    def test_lora_kernel_matches_a_dense_reference(self, instance, lora_kernel, dtype, seed):
+    def test_lora_kernel_matches_a_dense_reference(self, instance, lora_kernel, lora_dtype, seed):
         """Segments of every length from 1 to 9 tokens (adjacent ones of different slots too), base rows
         between them, empty segments, three packed output slices of different widths; against
-        ``y + x A[slot] B[slot]`` per token in float64."""
-        if dtype not in instance.supported_dtypes:
-            pytest.skip(f"the platform does not run {dtype}")
-        device, torch_dtype, gen = instance.device(), getattr(torch, dtype), torch.Generator().manual_seed(seed)
-        num_slots, rank, in_features, widths = 4, 8, 48, [40, 16, 24]
-        runs = [(length, int(torch.randint(-1, num_slots, (1,), generator=gen))) for length in range(1, 10)]
-        runs += [(1, slot) for slot in (0, 1, -1, 2, 2, 3)]  # decode rows: neighbours of other or equal slots
-        order = torch.randperm(len(runs), generator=gen).tolist()
-        slots = np.concatenate([np.full(runs[i][0], runs[i][1], np.int64) for i in order])
-        batch = plan_lora_batch(slots, device)
-        assert batch is not None
-        # Empty segments must be skipped wherever they sit.
-        segments = [(0, 0, 1), *batch.segments, (len(slots), len(slots), 3)]
-        batch = dataclasses.replace(batch, segments=tuple(segments))
-        x = torch.randn(len(slots), in_features, generator=gen)
-        lora_a = torch.randn(num_slots, in_features, len(widths) * rank, generator=gen) / in_features**0.5
-        lora_b = [torch.randn(num_slots, rank, width, generator=gen) / rank**0.5 for width in widths]
-        y = torch.randn(len(slots), sum(widths), generator=gen)
-        expected = y.double().clone()
-        for t, slot in enumerate(slots.tolist()):
-            if slot < 0:
-                continue
-            h = x[t].double() @ lora_a[slot].double()
-            pieces = [h[i * rank : (i + 1) * rank] @ b[slot].double() for i, b in enumerate(lora_b)]
-            expected[t] += torch.cat(pieces)
-        y_dev = y.to(device, torch_dtype)
-        x_dev, a_dev = x.to(device, torch_dtype), lora_a.to(device, torch_dtype)
-        b_dev = [b.to(device, torch_dtype) for b in lora_b]
-        h = lora_kernel.shrink(x_dev, a_dev, batch)
-        assert h.shape == (len(slots), len(widths) * rank), f"shrink returned shape {tuple(h.shape)}"
-        lora_kernel.expand(y_dev, h, b_dev, batch)
-        got = y_dev.double().cpu()
-        base = torch.from_numpy(slots < 0)
-        assert torch.equal(got[base], y.to(torch_dtype).double()[base]), "expand changed rows of base-model tokens"
-        tolerance = 1e-4 if dtype == "float32" else 5e-2
-        error = (got - expected).abs().amax(dim=1)
-        worst = int(error.argmax())
-        assert float(error[worst]) <= tolerance * (1 + float(expected[worst].abs().max())), (
-            f"token {worst} (slot {int(slots[worst])}, in a segment of "
-            f"{next(stop - start for start, stop, _ in segments if start <= worst < stop)} tokens) is off the dense "
-            f"reference by {float(error[worst]):.3g}"
-        )
+        ``y + x A[slot] B[slot]`` per token in float64 (:func:`~kvserve.testing.lora_reference.check_lora_kernel`)."""
+        if lora_dtype not in instance.supported_dtypes:
+            pytest.skip(f"the platform does not run {lora_dtype}")
+        check_lora_kernel(lora_kernel, instance.device(), getattr(torch, lora_dtype), seed)
