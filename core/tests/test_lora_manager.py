@@ -113,3 +113,16 @@ def test_a_step_never_takes_a_slot_from_an_adapter_it_runs(adapters):
     assert manager.slots[1 - slot_a] == 3, "c takes b's slot: b does not run in this step"
     with pytest.raises(RuntimeError, match="3 distinct LoRA adapters but there are 2 slots"):
         manager.activate([_request("x", a), _request("y", b), _request("z", c)])
+
+
+def test_a_step_given_as_a_generator_keeps_its_adapters_slots(adapters):
+    a, b, c = adapters  # the engine passes its scheduled requests as a generator: read once
+    manager = _manager(max_loras=2, max_cached=3)
+    first = [_request("r1", a), _request("r2", b)]
+    for request in first:
+        manager.acquire(request.request_id, request.lora_request)
+    manager.activate(request for request in first)
+    slot_a = manager.slot_of(first[0])
+    manager.acquire("r3", c)
+    manager.activate(request for request in [first[0], _request("r3", c)])
+    assert manager.slot_of(first[0]) == slot_a and manager.slots[1 - slot_a] == 3

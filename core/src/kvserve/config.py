@@ -296,6 +296,11 @@ class SpeculativeConfig(_Section):
     disable_by_batch_size: int | None = Field(
         None, ge=2, description="No drafts in a step while more requests than this are running; None: never off"
     )
+    adaptive_draft_length: bool = Field(
+        True,
+        description="Verify, of each request's drafts, only as many as raise the step's expected tokens/s "
+        "(from recent step costs and the request's acceptance); false: every draft proposed",
+    )
 
     @model_validator(mode="wrap")
     @classmethod

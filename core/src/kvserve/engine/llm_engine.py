@@ -298,7 +298,10 @@ class LLMEngine:
                 rows += row_requests(item.request, drafts, step.logits.shape[1]) if drafts else [item.request]
             sampled = self.sampler(step.logits, rows, logits_owned=True)
             updated, num_new_tokens = self._update(plan, step, sampled)
-            self.scheduler.record_step_time(plan, time.perf_counter() - started)
+            seconds = time.perf_counter() - started
+            self.scheduler.record_step_time(plan, seconds)
+            if self.speculator is not None:
+                self.speculator.record_step(sum(item.num_tokens for item in plan.scheduled), seconds)
             self._record_step(plan, num_new_tokens)
             changed = failed | updated
             return self._outputs(changed)
@@ -343,7 +346,7 @@ class LLMEngine:
             tokens = sampled.tokens[rows.start : rows.stop]
             accepted[i] = accepted_tokens(item.draft_token_ids, tokens) if item.num_lookahead else tokens
             if item.num_lookahead and self.speculator is not None:
-                self.speculator.stats.record(item.num_lookahead, len(accepted[i]) - 1)
+                self.speculator.record_verification(item.request.request_id, item.num_lookahead, len(accepted[i]) - 1)
             owners.append((item.request, rows.start, len(item.request.output_token_ids)))
             # Rows past the emitted tokens verified drafts that were rejected: their failures do not count.
             for row in range(rows.start, rows.start + len(accepted[i])):

@@ -112,10 +112,10 @@ class LoRAManager:
     def activate(self, requests: Iterable[Request]) -> None:
         """Put the adapters of ``requests`` (a step's) into slots: ones already there stay, the others
         take free slots or those of adapters this step does not run."""
-        needed = {adapter_id(r) for r in requests} - {None, *self.slots}
+        wanted = {adapter_id(r) for r in requests}  # read once: ``requests`` may be a generator
+        needed = wanted - {None, *self.slots}
         if not needed:
             return
-        wanted = {adapter_id(r) for r in requests}
         spare = [slot for slot, held in enumerate(self.slots) if held is None or held not in wanted]
         if len(needed) > len(spare):
             raise RuntimeError(

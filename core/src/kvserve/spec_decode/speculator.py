@@ -11,6 +11,7 @@ from kvserve.errors import ConfigError
 from kvserve.interfaces.proposer import DraftProposer, DraftRequest, TargetModel
 from kvserve.plugins import load_component
 from kvserve.request import Request, RequestStatus
+from kvserve.spec_decode.draft_budget import DraftBudget
 from kvserve.spec_decode.verification import can_verify_constraint
 
 if TYPE_CHECKING:
@@ -63,12 +64,25 @@ def load_proposer(config: EngineConfig, vocab_size: int, target: TargetModel) ->
 
 class Speculator:
     """Gives decoding requests their drafts between steps, within ``num_speculative_tokens`` and
-    ``disable_by_batch_size``; counts what verification kept."""
+    ``disable_by_batch_size``, trimmed by the draft budget (``adaptive_draft_length``); counts what
+    verification kept."""
 
     def __init__(self, config: SpeculativeConfig, proposer: DraftProposer) -> None:
         self.config = config
         self.proposer = proposer
         self.stats = SpecDecodeStats()
+        self.budget = DraftBudget() if config.adaptive_draft_length else None
+
+    def record_step(self, num_tokens: int, seconds: float) -> None:
+        """A step computed ``num_tokens`` tokens in ``seconds`` (what the draft budget costs steps by)."""
+        if self.budget is not None:
+            self.budget.record_step(num_tokens, seconds)
+
+    def record_verification(self, request_id: str, num_drafts: int, num_accepted: int) -> None:
+        """``request_id``'s chunk verified ``num_drafts`` drafts (at least one) and kept the first ``num_accepted``."""
+        self.stats.record(num_drafts, num_accepted)
+        if self.budget is not None:
+            self.budget.record_verification(request_id, num_drafts, num_accepted)
 
     @property
     def uses_hidden_states(self) -> bool:
@@ -100,9 +114,15 @@ class Speculator:
         views = [
             DraftRequest(r.request_id, r.prompt_token_ids, r.output_token_ids, hidden.get(r.request_id)) for r in wanted
         ]
-        drafts = self.proposer.propose(views, [self.config.num_speculative_tokens] * len(wanted))
-        for request, proposed in zip(wanted, drafts, strict=True):
-            request.draft_token_ids = self._well_formed(proposed)
+        proposals = self.proposer.propose(views, [self.config.num_speculative_tokens] * len(wanted))
+        drafts = [self._well_formed(proposed) for proposed in proposals]
+        if len(drafts) != len(wanted):
+            raise ValueError(f"proposer {self.config.method!r} answered {len(drafts)} requests of {len(wanted)}")
+        if self.budget is not None:
+            lengths = self.budget.lengths([r.request_id for r in wanted], [len(d) for d in drafts], num_running)
+            drafts = [d[:n] for d, n in zip(drafts, lengths)]
+        for request, kept in zip(wanted, drafts):
+            request.draft_token_ids = kept
 
     def _well_formed(self, proposed: Sequence[int]) -> list[int]:
         """The proposal up to its first id that is not a token of the vocabulary, at most
@@ -115,5 +135,7 @@ class Speculator:
         return drafts
 
     def forget(self, request_id: str) -> None:
-        """``request_id`` finished: the proposer drops what it keeps for it."""
+        """``request_id`` finished: the proposer and the draft budget drop what they keep for it."""
         self.proposer.forget(request_id)
+        if self.budget is not None:
+            self.budget.forget(request_id)
