@@ -318,5 +318,5 @@ def test_a_long_tokenize_does_not_stall_a_stream(server, http: httpx.Client, tin
     print(f"tokenize alone {alone:.2f}s, over HTTP {end - start:.2f}s; {len(during)} chunks meanwhile, "
           f"longest gap {max(gaps):.3f}s")  # fmt: skip
     # Tokenizing on the event loop (or holding the GIL throughout) leaves one gap of at least the
-    # tokenization's own time; on two busy cores the engine's steps alone have left gaps of ~0.4x it.
-    assert len(during) >= 20 and max(gaps) < alone / 2, "the stream stalled while /tokenize ran"
+    # tokenization's own time; on two busy cores the engine's steps alone have left gaps of ~0.5x it.
+    assert len(during) >= 20 and max(gaps) < 0.8 * alone, "the stream stalled while /tokenize ran"
