@@ -6,12 +6,14 @@ Two workloads on a model (default: the embedded SmolLM2), each at every ``--batc
   a passage — whose answers repeat long stretches of the prompt (what ``ngram`` prompt lookup finds);
 - ``chat``: plain chat questions, whose answers repeat little.
 
-Each ``--speculative-config`` (a preset, ``ngram`` or ``suffix``, or JSON) against speculation off.
+Each ``--speculative-config`` (a preset, ``ngram`` or ``suffix``; ``draft:N``, a ``draft_model`` made of
+the model's own first N layers, where no smaller model shares its tokenizer; or JSON) against
+speculation off.
 Greedy decoding, so every run emits the same tokens (checked): the comparison is speed only. One engine
 per setting, warmed up on one request first; ``--rounds`` alternating timed runs, the median reported.
 
     python benchmarks/spec_decode.py [MODEL] [--batch 1 32] [--dtype bfloat16] [--max-tokens 256]
-        [--speculative-config ngram suffix '{"method": "ngram", "num_speculative_tokens": 4}']
+        [--speculative-config ngram suffix draft:8 '{"method": "ngram", "num_speculative_tokens": 4}']
 """
 
 from __future__ import annotations
@@ -19,10 +21,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
 from kvserve import LLM, SamplingParams
+from kvserve.loader.default_model import default_model_directory
+from kvserve.testing.hf_models import layer_skip_draft
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
 # No global cache: the rounds repeat the same requests, which a cache of earlier outputs would answer from memory.
@@ -77,9 +82,19 @@ def main() -> None:
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
     fields = {"max_model_len": 2048, "dtype": args.dtype, "max_num_seqs": max(args.batch)}
     configs = {}  # a preset by its name, a JSON config by its method (and its place, if that repeats)
+    drafts = Path(tempfile.mkdtemp(prefix="kvserve-layer-skip-"))
     for i, text in enumerate(args.speculative_config):
-        config = PRESETS[text] if text in PRESETS else json.loads(text)
-        configs[text if text in PRESETS else config["method"] if config["method"] not in configs else f"#{i}"] = config
+        if text in PRESETS:
+            configs[text] = PRESETS[text]
+            continue
+        if text.startswith("draft:"):
+            layers = int(text.removeprefix("draft:"))
+            target = Path(args.model) if args.model else default_model_directory()
+            draft = layer_skip_draft(target, drafts / str(layers), layers)
+            configs[text] = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 4}
+            continue
+        config = json.loads(text)
+        configs[config["method"] if config["method"] not in configs else f"#{i}"] = config
     engines = {"off": LLM(args.model, **fields)}
     for name, config in configs.items():
         engines[name] = LLM(args.model, **fields, speculative_config=config)

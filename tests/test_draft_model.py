@@ -9,41 +9,14 @@ contract, the contract's tiny model drafting for itself.
 
 from __future__ import annotations
 
-import json
 import random
-import shutil
-from pathlib import Path
 
 import pytest
-from safetensors.torch import load_file, save_file
 
 from kvserve import LLM, SamplingParams
 from kvserve.errors import ConfigError
 from kvserve.testing import DraftModelContract
-from kvserve.testing.hf_models import build_tiny_model
-
-
-def layer_skip_draft(target: Path, dest: Path, num_layers: int) -> Path:
-    """The checkpoint of ``target``'s first ``num_layers`` decoder layers (embeddings, final norm
-    and head kept), its config saying so, its tokenizer copied."""
-    dest.mkdir(parents=True)
-    for path in target.iterdir():
-        if path.suffix == ".safetensors":
-            tensors = {
-                name: tensor
-                for name, tensor in load_file(path).items()
-                if not name.startswith("model.layers.") or int(name.split(".")[2]) < num_layers
-            }
-            save_file(tensors, dest / path.name, metadata={"format": "pt"})
-        elif path.name == "config.json":
-            config = json.loads(path.read_text())
-            config["num_hidden_layers"] = num_layers
-            if "layer_types" in config:
-                config["layer_types"] = config["layer_types"][:num_layers]
-            (dest / path.name).write_text(json.dumps(config))
-        elif path.is_file():
-            shutil.copy(path, dest / path.name)
-    return dest
+from kvserve.testing.hf_models import build_tiny_model, layer_skip_draft
 
 
 @pytest.fixture(scope="module")

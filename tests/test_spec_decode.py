@@ -1,7 +1,8 @@
 """Speculative decoding end to end: outputs with drafts are exactly those without.
 
-Greedy fp32 with each proposer (``ngram``, ``suffix``) on the embedded SmolLM2 and a tiny Gemma 3 at
-batch sizes 1, 8 and 32, with chunked prefill and with forced preemption; an oracle proposer (the
+Greedy fp32 with each proposer (``ngram``, ``suffix``; ``draft_model`` with a layer-skip draft on
+SmolLM2) on the embedded SmolLM2 and a tiny Gemma 3 at batch sizes 1, 8 and 32, with chunked prefill
+and with forced preemption; an oracle proposer (the
 reference run's own tokens, so every draft is accepted) and a garbage one (random ids, so nearly
 every draft is rejected) with stops crossed in the middle of a draft, logprobs, seeds, streaming
 deltas, abort and grammars; ``disable_by_batch_size``; and the config errors.
@@ -17,10 +18,11 @@ import pytest
 from kvserve import LLM, SamplingParams
 from kvserve.errors import ConfigError, UnknownComponentError
 from kvserve.interfaces.proposer import DraftProposer, DraftRequest
+from kvserve.loader.default_model import default_model_directory
 from kvserve.request import RequestStatus
 from kvserve.sampling_params import StructuredOutputsParams
 from kvserve.structured_outputs.selection import usable_backends
-from kvserve.testing.hf_models import build_tiny_model
+from kvserve.testing.hf_models import build_tiny_model, layer_skip_draft
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
 # The global cache on (its default): the batches run one after another in an engine draft from the earlier ones.
@@ -84,6 +86,19 @@ def test_smollm2_greedy_is_token_identical_with_each_proposer(smollm_reference, 
     if case == "preemption":
         assert llm.engine.num_preemptions > 0, "the small KV cache should have forced preemption"
         assert llm.engine.kv_cache_manager.num_free_blocks() == 40
+
+
+@pytest.mark.parametrize("case", sorted(SMOLLM_CASES))
+def test_smollm2_greedy_is_token_identical_with_a_layer_skip_draft(smollm_reference, tmp_path, case):
+    # No smaller model shares SmolLM2's tokenizer: its own first 4 of 30 layers draft for it.
+    draft = layer_skip_draft(default_model_directory(), tmp_path / "draft", 4)
+    spec = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 3}
+    llm = LLM(**SMOLLM, **SMOLLM_CASES[case], speculative_config=spec)
+    for size in (1, 8, 32):
+        assert tokens_of(llm, copy_prompts(size), GREEDY) == smollm_reference[size], f"batch of {size}"
+    assert accepted(llm) > 0, "a layer-skip draft of the same model should have some drafts accepted"
+    if case == "preemption":
+        assert llm.engine.num_preemptions > 0, "the small KV cache should have forced preemption"
 
 
 # -- a tiny HF Gemma 3 --------------------------------------------------------------------------------

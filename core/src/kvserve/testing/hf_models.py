@@ -111,6 +111,35 @@ def build_tiny_model(
     return path
 
 
+def layer_skip_draft(target: Path, dest: Path, num_layers: int) -> Path:
+    """Write the checkpoint of ``target``'s first ``num_layers`` decoder layers to ``dest`` (embeddings,
+    final norm and head kept, its config saying so, its tokenizer copied): a draft model for speculative
+    decoding that shares the target's vocabulary, where no smaller model of the family is at hand."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    dest.mkdir(parents=True)
+    for path in target.iterdir():
+        if path.suffix == ".safetensors":
+            tensors = {
+                name: tensor
+                for name, tensor in load_file(path).items()
+                if not name.startswith("model.layers.") or int(name.split(".")[2]) < num_layers
+            }
+            save_file(tensors, dest / path.name, metadata={"format": "pt"})
+        elif path.name == "config.json":
+            config = json.loads(path.read_text())
+            config["num_hidden_layers"] = num_layers
+            if "layer_types" in config:
+                config["layer_types"] = config["layer_types"][:num_layers]
+            (dest / path.name).write_text(json.dumps(config))
+        elif path.is_file():
+            shutil.copy(path, dest / path.name)
+    return dest
+
+
 def served_model_type() -> str:
     """A transformers model type whose causal-LM architecture an installed model plugin serves (the first
     in registration order), for contracts that need some model to run the engine on; PluginError when
