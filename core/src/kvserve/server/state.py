@@ -180,7 +180,10 @@ class ServerState:
         """Each prompt checked, once, before anything is queued or streamed: a prompt the engine could
         never serve is refused (400, naming the field, as ``renames`` has it); :meth:`generate` takes the
         checked requests, with the LoRA adapter ``model`` names (none for the base model)."""
-        lora_request = self.adapters.get(model) if model is not None else None
+        lora_request = None if model is None or model == self.model_name else self.adapters.get(model)
+        if model is not None and model != self.model_name and lora_request is None:
+            # Unloaded since the request was admitted: never answer it with the base model instead.
+            raise OpenAIError(404, f"model {model!r} does not exist (it was just unloaded)", "model", "model_not_found")
         try:
             return [
                 self.llm.validate_prompt(token_ids, params, priority=priority, lora_request=lora_request)
