@@ -14,6 +14,8 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoTokenizer
 
 from kvserve.config import EngineConfig
+from kvserve.config_sources import load_config
+from kvserve.errors import ConfigError
 from kvserve.frontend.async_llm import AsyncLLM
 from kvserve.server import ServerThread
 from kvserve.testing.hf_models import build_lora_adapter, build_tiny_model, hf_greedy
@@ -201,3 +203,11 @@ def test_the_routes_are_404s_unless_runtime_updating_is_on(thread_llm, adapters)
         assert http.post("/v1/unload_lora_adapter", json={"lora_name": "sql"}).status_code == 404
         with pytest.raises(openai.NotFoundError):
             _client(server).completions.create(model="found", prompt=PROMPT, max_tokens=2)
+
+
+def test_the_settings_come_from_the_environment_and_need_enable_lora(base) -> None:
+    environ = {"KVSERVE_ALLOW_RUNTIME_LORA_UPDATING": "1", "KVSERVE_LORA_RESOLVER_CACHE_DIR": "/adapters"}
+    config = load_config(overrides={"model": str(base), "enable_lora": True}, environ=environ)
+    assert config.server.allow_runtime_lora_updating and config.server.lora_resolver_cache_dir == "/adapters"
+    with pytest.raises(ConfigError, match="allow_runtime_lora_updating needs enable_lora"):
+        load_config(overrides={"model": str(base)}, environ=environ)
