@@ -2,7 +2,12 @@
 unquantized linear method, the tool parsers and the reasoning parsers."""
 
 from kvserve.layers.linear import UnquantizedLinearMethod
-from kvserve.testing import KVCacheManagerContract, QuantizationMethodContract, ReasoningParserContract
+from kvserve.testing import (
+    KVCacheManagerContract,
+    LoRAResolverContract,
+    QuantizationMethodContract,
+    ReasoningParserContract,
+)
 from kvserve.testing.contracts.tool_parser import HermesContract, Llama3JsonContract, MistralContract, PythonicContract
 
 
@@ -45,3 +50,7 @@ class TestDeepSeekR1ReasoningParser(ReasoningParserContract):
 
 class TestQwen3ReasoningParser(ReasoningParserContract):
     reasoning_parser = "qwen3"
+
+
+class TestFilesystemLoRAResolver(LoRAResolverContract):
+    lora_resolver = "filesystem"

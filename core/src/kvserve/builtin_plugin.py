@@ -42,3 +42,8 @@ def register_proposers(register):
 def register_reasoning_parsers(register):
     register("deepseek_r1", "kvserve.reasoning.think_tags:DeepSeekR1ReasoningParser")
     register("qwen3", "kvserve.reasoning.think_tags:Qwen3ReasoningParser")
+
+
+@hookimpl
+def register_lora_resolvers(register):
+    register("filesystem", "kvserve.lora.filesystem_resolver:FilesystemResolver")

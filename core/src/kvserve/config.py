@@ -414,6 +414,17 @@ class ServerConfig(_Section):
         '\'{"name": ..., "path": ..., "base_model_name": ...}\' entries; a request\'s model field picks one',
     )
 
+    allow_runtime_lora_updating: bool = Field(
+        False,
+        description="Serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter, and look up an unknown model "
+        "name with the lora_resolver plugins (needs enable_lora)",
+    )
+    lora_resolver_cache_dir: str | None = Field(
+        None,
+        description="The folder the built-in filesystem lora_resolver looks in: each subfolder a PEFT adapter, "
+        "named as requests name it; None: that resolver finds nothing",
+    )
+
     @field_validator("lora_modules", mode="before")
     @classmethod
     def _lora_module_forms(cls, value: Any) -> Any:
@@ -495,6 +506,8 @@ class EngineConfig(_Section):
         # Phase 1 of LoRA (docs/lora.md): one rank, eager steps; the rest is refused, not half-built.
         if self.server.lora_modules and not self.lora.enable_lora:
             raise ValueError("lora_modules needs enable_lora")
+        if self.server.allow_runtime_lora_updating and not self.lora.enable_lora:
+            raise ValueError("allow_runtime_lora_updating needs enable_lora")
         if not self.lora.enable_lora:
             return self
         if self.parallel.tensor_parallel_size > 1:

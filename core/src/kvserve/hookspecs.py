@@ -87,3 +87,10 @@ def register_gguf_architectures(register: Register) -> None:
     """Register :class:`kvserve.interfaces.GGUFArchitecture` classes under the GGUF ``general.architecture``
     name (``"llama"``) whose files they read: the model plugin implementing an architecture says how
     llama.cpp's files of it map onto the HF checkpoint (q/k row order, folded constants, dropped config)."""
+
+
+@hookspec
+def register_lora_resolvers(register: Register) -> None:
+    """Register :class:`kvserve.interfaces.LoRAResolver` classes: with ``allow_runtime_lora_updating``
+    the server asks each (facts: ``priority``, higher first) for an adapter a request names that it does
+    not serve yet."""

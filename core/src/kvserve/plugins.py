@@ -28,6 +28,7 @@ KINDS = (
     "reasoning_parser",
     "gguf_architecture",
     "proposer",
+    "lora_resolver",
 )
 
 

@@ -108,12 +108,21 @@ def serve(
     max_cpu_loras: Annotated[
         int | None, typer.Option(help="Idle adapters kept loaded in host memory (default: max_loras).")
     ] = None,
+    allow_runtime_lora_updating: Annotated[
+        bool | None,
+        typer.Option(
+            "--allow-runtime-lora-updating",
+            help="Serve /v1/load_lora_adapter and /v1/unload_lora_adapter, and find adapters a request names "
+            "with the lora_resolver plugins.",
+        ),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn's log level.")] = "info",
 ) -> None:
     """Serve a model over the OpenAI API until SIGINT or SIGTERM.
 
     Endpoints: /v1/completions, /v1/chat/completions, /v1/models, /health, /version, /tokenize,
-    /detokenize, /metrics. Settings come from --config FILE, KVSERVE_* env vars, --set and options.
+    /detokenize, /metrics (and /v1/load_lora_adapter, /v1/unload_lora_adapter with
+    --allow-runtime-lora-updating). Settings come from --config FILE, KVSERVE_* env vars, --set and options.
     """
     config = resolve_config(
         config_file, assignments, model=model, host=host, port=port, api_key=api_key,
@@ -126,6 +135,7 @@ def serve(
         generation_config=generation_config, override_generation_config=override_generation_config,
         optimization_level=optimization_level, enable_lora=enable_lora, lora_modules=lora_modules,
         max_lora_rank=max_lora_rank, max_loras=max_loras, max_cpu_loras=max_cpu_loras,
+        allow_runtime_lora_updating=allow_runtime_lora_updating,
     )  # fmt: skip
     from kvserve.server.runner import serve as run_server  # after the config: a bad one fails before the import
 

@@ -19,7 +19,7 @@ from kvserve.engine.generation_defaults import (
     read_generation_config,
 )
 from kvserve.engine.output_processor import RequestState
-from kvserve.engine.stats import EngineStats, StatLogger
+from kvserve.engine.stats import EngineStats, LoRAStats, StatLogger
 from kvserve.engine.validation import CheckedRequest, check_request
 from kvserve.errors import ConfigError, EngineDeadError
 from kvserve.executor import Executor, InProcessExecutor
@@ -30,6 +30,7 @@ from kvserve.logging_setup import configure_logging
 from kvserve.lora.layers import LORA_SLOT
 from kvserve.lora.manager import LoRAManager, adapter_id
 from kvserve.lora.request import LoRARequest
+from kvserve.lora.tokenizer import adapter_tokenizer
 from kvserve.lora.torch_kernel import TorchLoRAKernel
 from kvserve.outputs import RequestOutput, TokenLogprobs
 from kvserve.reasoning import load_reasoning_parser
@@ -103,6 +104,8 @@ class LLMEngine:
         step (:attr:`kvserve.forward_context.ForwardContext.token_metadata`), e.g. LoRA adapter ids."""
         self.lora = self._lora_manager() if config.lora.enable_lora else None
         """The LoRA adapters' cache and slots; None when ``enable_lora`` is off."""
+        self.lora_tokenizers: dict[int, Any] = {}
+        """Adapter id -> the tokenizer its directory ships (None: the base model's), read at its first request."""
         self.states: dict[str, RequestState] = {}
         """Requests by id, until their final output is out."""
         self.stat_logger = StatLogger()
@@ -211,6 +214,22 @@ class LLMEngine:
             raise ValueError("lora_request: this engine was started without LoRA; start it with enable_lora=True")
         self.lora.load(lora_request)
 
+    def remove_lora(self, lora_int_id: int) -> None:
+        """Unload adapter ``lora_int_id``: requests already running with it finish with it; its host copy
+        and slot are freed after the last one (:meth:`~kvserve.lora.manager.LoRAManager.remove`)."""
+        if self.lora is not None:
+            self.lora.remove(lora_int_id)
+        self.lora_tokenizers.pop(lora_int_id, None)
+
+    def _tokenizer_of(self, lora_request: LoRARequest | None) -> Any:
+        """The tokenizer that decodes a request's tokens: its adapter's own if it ships one, else the model's."""
+        if lora_request is None:
+            return self.tokenizer
+        key = lora_request.lora_int_id
+        if key not in self.lora_tokenizers:
+            self.lora_tokenizers[key] = adapter_tokenizer(lora_request)
+        return self.lora_tokenizers[key] or self.tokenizer
+
     def add_request(self, request_id: str, request: CheckedRequest) -> None:
         """Queue a request a front end checked (it is not checked again). ValueError if
         ``request_id`` is in use or the request asks for more than one sample (a front end fans
@@ -223,6 +242,7 @@ class LLMEngine:
             raise ValueError(f"n: the engine runs one sample per request (got {request.params.n}); fan it out first")
         if request.lora_request is not None:
             self.load_lora(request.lora_request)
+        tokenizer = self._tokenizer_of(request.lora_request)
         queued = Request(
             request_id,
             list(request.prompt_token_ids),
@@ -237,7 +257,7 @@ class LLMEngine:
             queued.ready_when = functools.partial(self._prompt_shared, request.after_prompt_of, queued)
         if request.structured_output_backend is not None:
             self.grammars.submit(queued, request.structured_output_backend)
-        self.states[request_id] = RequestState(request_id, request.prompt, queued, self.tokenizer)
+        self.states[request_id] = RequestState(request_id, request.prompt, queued, tokenizer)
         if self.lora is not None and request.lora_request is not None:
             self.lora.acquire(request_id, request.lora_request)
         self.scheduler.add_request(queued)
@@ -474,7 +494,17 @@ class LLMEngine:
             generation_tokens_total=self.stat_logger.generation_tokens_total,
             preemptions_total=self.stat_logger.preemptions_total,
             spec_decode=None if self.speculator is None else self.speculator.stats.copy(),
+            lora=None if self.lora is None else self._lora_stats(),
         )
+
+    def _lora_stats(self) -> LoRAStats:
+        running, waiting = set(), set()
+        for state in list(self.states.values()):  # list(): the server thread may read while the engine steps
+            lora_request = state.request.lora_request
+            if lora_request is not None:
+                is_running = state.request.status == RequestStatus.RUNNING
+                (running if is_running else waiting).add(lora_request.lora_name)
+        return LoRAStats(tuple(sorted(running)), tuple(sorted(waiting)), self.config.lora.max_loras)
 
     @property
     def num_preemptions(self) -> int:

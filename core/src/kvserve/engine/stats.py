@@ -14,6 +14,17 @@ from kvserve.spec_decode.speculator import SpecDecodeStats
 logger = logging.getLogger("kvserve")
 
 
+@dataclass(frozen=True)
+class LoRAStats:
+    """The adapters of the requests in the engine, by name (vLLM's ``lora_requests_info``)."""
+
+    running: tuple[str, ...]
+    """Adapters of running requests."""
+    waiting: tuple[str, ...]
+    """Adapters of waiting (or preempted) requests."""
+    max_loras: int
+
+
 @dataclass
 class EngineStats:
     """A snapshot for logs and metrics endpoints."""
@@ -26,6 +37,8 @@ class EngineStats:
     preemptions_total: int
     spec_decode: SpecDecodeStats | None = None
     """Speculative decoding's counters (a copy); None when it is off."""
+    lora: LoRAStats | None = None
+    """The adapters in use; None when ``enable_lora`` is off."""
 
 
 class StatLogger:

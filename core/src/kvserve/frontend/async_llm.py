@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import suppress
 from typing import Any
@@ -45,7 +46,7 @@ class AsyncLLM:
         self.engine: LLMEngine | None = getattr(self.client, "engine", None)
         """The engine itself when it runs in this process; None when it has its own."""
         self.info = self.client.info
-        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, OutputStream | ParentStream]] = {}
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, OutputStream | ParentStream | _Answer]] = {}
         self._children: dict[str, list[str]] = {}
         """The engine's request ids of each ``n > 1`` request in flight (see :meth:`generate`)."""
         self._lock = threading.Lock()
@@ -170,6 +171,34 @@ class AsyncLLM:
             for engine_id in leftover:
                 self.client.abort_request(engine_id)
 
+    async def add_lora(self, lora_request: LoRARequest) -> None:
+        """Load ``lora_request``'s adapter into the engine now, between two steps: read and checked there
+        (ValueError naming the problem, as ``LoRAManager.load``; the engine serves on), then requests may
+        name it. EngineDeadError once the core has stopped."""
+        await self._call("add_lora", lora_request)
+
+    async def remove_lora(self, lora_int_id: int) -> None:
+        """Unload adapter ``lora_int_id`` (unknown ids are ignored): requests already sent with it finish
+        with it, and its host copy and slot are freed after the last one."""
+        await self._call("remove_lora", lora_int_id)
+
+    async def _call(self, kind: str, argument: Any) -> None:
+        """Send the command ``(kind, call_id, argument)`` and wait for its answer; raise the error it carries."""
+        call_id = f"{kind}-{uuid.uuid4().hex}"
+        answer = _Answer()
+        with self._lock:
+            if self._closed is not None:
+                raise EngineDeadError(self._closed)
+            self._streams[call_id] = (asyncio.get_running_loop(), answer)
+        try:
+            self.client.call((kind, call_id, argument))
+            result = await answer.future
+        finally:
+            with self._lock:
+                self._streams.pop(call_id, None)
+        if isinstance(result, BaseException):
+            raise result
+
     async def abort(self, request_id: str) -> None:
         """Stop ``request_id`` (every sample of an ``n > 1`` request); its blocks are freed before the next step."""
         for engine_id in self._children.get(request_id, [request_id]):
@@ -208,6 +237,17 @@ class AsyncLLM:
             waiting = list(self._streams)
         for request_id in waiting:
             self.deliver(request_id, EngineDeadError(reason))
+
+
+class _Answer:
+    """Where the answer to one engine command lands (an exception: the command failed, or the core died)."""
+
+    def __init__(self) -> None:
+        self.future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+    def put(self, item: Any) -> None:
+        if not self.future.done():
+            self.future.set_result(item)
 
 
 def _put_all(items: list[tuple[OutputStream, RequestOutput]]) -> None:

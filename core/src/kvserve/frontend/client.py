@@ -45,6 +45,11 @@ class EngineCoreClient(Protocol):
     def abort_request(self, request_id: str) -> None:
         """Stop ``request_id`` and free its KV blocks before the next step (unknown ids are ignored)."""
 
+    def call(self, command: tuple[Any, ...]) -> None:
+        """Queue an engine command that is answered, ``("add_lora", call_id, LoRARequest)`` or
+        ``("remove_lora", call_id, lora_int_id)``: the answer (None, or the exception the engine raised)
+        reaches the sink as ``deliver(call_id, answer)``."""
+
     def stats(self) -> EngineStats:
         """The engine's counters and gauges, as of its latest step at the oldest."""
 

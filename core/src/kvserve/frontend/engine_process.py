@@ -116,6 +116,12 @@ class SocketTransport:
         """Send ``error`` (as :func:`~kvserve.frontend.wire.portable_error`) for ``request_id``'s caller."""
         self.outputs.send(encode(("error", request_id, portable_error(error))))
 
+    def answer(self, call_id: str, result: Any) -> None:
+        """Send ``result`` (an exception as :func:`~kvserve.frontend.wire.portable_error`) for ``call_id``'s caller."""
+        if isinstance(result, BaseException):
+            result = portable_error(result)
+        self.outputs.send(encode(("answer", call_id, result)))
+
     def end(self, reason: str, error: BaseException | None) -> None:
         """Say ``dead`` after a failed step; after a shutdown the process's exit says it all."""
         if error is not None:

@@ -105,6 +105,10 @@ class ProcessClient:
         """Send the abort."""
         self._send(encode(("abort", request_id)))
 
+    def call(self, command: tuple[Any, ...]) -> None:
+        """Send the command."""
+        self._send(encode(command))
+
     def stats(self) -> EngineStats:
         """The snapshot that came with the core's latest step (or abort)."""
         return self._stats
@@ -153,7 +157,7 @@ class ProcessClient:
             self._stats = message[2]  # first: whoever sees its last output sees its blocks freed
             if message[1]:
                 self._sink.deliver_step(message[1])
-        elif kind == "error":
+        elif kind in ("error", "answer"):
             self._sink.deliver(message[1], message[2])
         elif kind == "dead":
             return message[1], message[2]

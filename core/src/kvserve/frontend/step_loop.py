@@ -4,7 +4,9 @@ The loop owns an ``LLMEngine`` and talks to the frontend only through a :class:`
 the thread transport (:mod:`kvserve.frontend.thread_client`: a queue, an event and the frontend's
 ``OutputSink``) and the ZeroMQ one (:mod:`kvserve.frontend.engine_process`: two sockets and the wire
 format). Commands are the wire's tuples, applied between steps in the order they were sent:
-``("add", LLMEngine.add_request kwargs)``, ``("abort", request_id)`` and ``("shutdown",)``.
+``("add", LLMEngine.add_request kwargs)``, ``("abort", request_id)``, ``("shutdown",)``, and the
+LoRA adapter updates ``("add_lora", call_id, LoRARequest)`` and ``("remove_lora", call_id, lora_int_id)``,
+answered (None, or the exception) under ``call_id``.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from kvserve.outputs import RequestOutput
 logger = logging.getLogger("kvserve")
 
 Command = tuple[Any, ...]
-"""``("add", request kwargs)``, ``("abort", request_id)`` or ``("shutdown",)``."""
+"""``("add", request kwargs)``, ``("abort", request_id)``, ``("shutdown",)``, ``("add_lora", call_id,
+LoRARequest)`` or ``("remove_lora", call_id, lora_int_id)``."""
 
 
 class CoreTransport(Protocol):
@@ -40,6 +43,10 @@ class CoreTransport(Protocol):
 
     def refuse(self, request_id: str, error: Exception) -> None:
         """The engine refused ``("add", ...)`` for ``request_id``: its caller gets ``error``."""
+
+    def answer(self, call_id: str, result: Any) -> None:
+        """The engine applied the command ``call_id`` (``("add_lora", ...)``, ``("remove_lora", ...)``): its
+        caller gets ``result``, None or the exception it raised."""
 
     def end(self, reason: str, error: BaseException | None) -> None:
         """The loop serves no more: every waiting and later caller gets EngineDeadError(``reason``);
@@ -91,6 +98,14 @@ def _apply(engine: LLMEngine, transport: CoreTransport, commands: list[Command])
                 transport.refuse(request["request_id"], exc)
         elif kind == "abort":
             engine.abort_request(command[1])
+        elif kind in ("add_lora", "remove_lora"):
+            call_id, argument = command[1], command[2]
+            try:
+                (engine.load_lora if kind == "add_lora" else engine.remove_lora)(argument)
+            except Exception as exc:  # a refused adapter: its caller hears why, the engine serves on
+                transport.answer(call_id, exc)
+            else:
+                transport.answer(call_id, None)
         elif kind == "shutdown":
             return False
         else:

@@ -61,6 +61,10 @@ class ThreadTransport:
         """End ``request_id``'s stream with ``error``."""
         self.sink.deliver(request_id, error)
 
+    def answer(self, call_id: str, result: Any) -> None:
+        """Hand ``result`` to the caller waiting under ``call_id``."""
+        self.sink.deliver(call_id, result)
+
     def end(self, reason: str, error: BaseException | None) -> None:
         """Close the sink: every stream gets EngineDeadError(``reason``)."""
         self.sink.close(reason, error)
@@ -98,6 +102,10 @@ class ThreadClient:
     def abort_request(self, request_id: str) -> None:
         """Queue the abort for the loop."""
         self._transport.send(("abort", request_id))
+
+    def call(self, command: Command) -> None:
+        """Queue the command for the loop."""
+        self._transport.send(command)
 
     def stats(self) -> EngineStats:
         """Read straight from the engine."""

@@ -4,10 +4,12 @@ Messages are tuples whose first item names them, pickled (protocol 5): a step's 
 ``RequestOutput`` dataclasses pickles in tens of microseconds, and pickle carries the
 SamplingParams, exceptions and tokenizer as they are (msgspec would need every type mirrored).
 
-Frontend to core: ``("add", request kwargs)``, ``("abort", request_id)``, ``("shutdown",)``.
+Frontend to core: ``("add", request kwargs)``, ``("abort", request_id)``, ``("shutdown",)``,
+``("add_lora", call_id, LoRARequest)``, ``("remove_lora", call_id, lora_int_id)``.
 Core to frontend: ``("ready", EngineInfo, EngineStats)`` once loaded, or ``("failed", exception)``;
 then ``("outputs", [RequestOutput], EngineStats)`` per step (or after aborts changed the stats),
-``("error", request_id, exception)`` for a request the engine refused, and ``("dead", reason,
+``("error", request_id, exception)`` for a request the engine refused, ``("answer", call_id, None or
+exception)`` for a LoRA update, and ``("dead", reason,
 exception)`` when a step failed and the core stops.
 """
 

@@ -8,6 +8,7 @@ from kvserve.interfaces.linear_kernel import LinearKernel
 from kvserve.interfaces.logits_constraint import LogitsConstraint
 from kvserve.interfaces.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 from kvserve.interfaces.lora_kernel import LoRABatch, LoRAKernel
+from kvserve.interfaces.lora_resolver import LoRAResolver
 from kvserve.interfaces.model import Model
 from kvserve.interfaces.platform import DeviceCapability, Platform
 from kvserve.interfaces.proposer import DraftProposer, DraftRequest, TargetModel
@@ -40,6 +41,7 @@ __all__ = [
     "LogitsProcessor",
     "LoRABatch",
     "LoRAKernel",
+    "LoRAResolver",
     "Model",
     "MoveDirectionality",
     "ParamLoading",

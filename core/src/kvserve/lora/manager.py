@@ -55,6 +55,8 @@ class LoRAManager:
         self.users: dict[str, int] = {}
         """Request id -> the adapter it runs with."""
         self.in_use: Counter[int] = Counter()
+        self.removed: set[int] = set()
+        """Adapters :meth:`remove` dropped while requests still ran them: freed after the last one."""
         self.slots: list[int | None] = [None] * max_loras
         """Slot -> the adapter it holds."""
 
@@ -62,6 +64,8 @@ class LoRAManager:
         """The adapter, read now unless cached. ValueError naming the problem: an id or name already
         taken by another adapter, or what :func:`load_peft_adapter` refuses."""
         for cached in self.cache.values():
+            if cached.request.lora_int_id in self.removed:  # leaving: its name may be loaded again
+                continue
             same_id = cached.request.lora_int_id == lora_request.lora_int_id
             same_name = cached.request.lora_name == lora_request.lora_name
             if (same_id or same_name) and (cached.request.lora_name, cached.request.lora_path) != (
@@ -98,7 +102,20 @@ class LoRAManager:
             self.in_use[adapter_id] -= 1
             if not self.in_use[adapter_id]:
                 del self.in_use[adapter_id]
+                if adapter_id in self.removed:
+                    self.remove(adapter_id)
             self._evict()
+
+    def remove(self, adapter_id: int) -> None:
+        """Drop adapter ``adapter_id`` from the cache and its slot, now if no request runs it, else once
+        the last one has released it (those finish with it). Unknown ids are ignored."""
+        if adapter_id in self.in_use:
+            self.removed.add(adapter_id)
+            return
+        self.removed.discard(adapter_id)
+        self.cache.pop(adapter_id, None)
+        if adapter_id in self.slots:
+            self.slots[self.slots.index(adapter_id)] = None
 
     def _evict(self) -> None:
         """Drop least recently used adapters no request uses while the cache holds too many (never the

@@ -3,7 +3,7 @@
 Status codes: 400 a request the engine cannot serve as asked (malformed JSON, out-of-range or
 non-finite values, over a server limit, a field kvserve cannot honour, too long for
 ``max_model_len``, masks that together rule out every token, a grammar that does not compile),
-401 a missing or wrong API key, 404 an unknown model or route, 413 a body over the size limit,
+401 a missing or wrong API key, 404 an unknown model, route or LoRA adapter to unload, 413 a body over the size limit,
 422 a body of the wrong shape (wrong types, unknown or missing fields), 429 too many sequences in
 flight, 503 an engine that is not running.
 """

@@ -25,7 +25,7 @@ async def admit(request: Request, model: type[Body]) -> tuple[ServerState, Body]
     state: ServerState = request.app.state.server
     body = await read_body(request, model)
     state.check_ready()
-    state.check_model(body.model)
+    await state.check_model(body.model)
     return state, body
 
 
@@ -41,6 +41,8 @@ class GenerationRun(ABC):
         self.state = state
         self.model_name = body.model if body.model in state.adapters else state.model_name
         """The name the answer reports: the adapter's when the request named one."""
+        self.tokenizer = state.tokenizer_for(self.model_name)
+        """What decodes the answer's tokens (logprobs, echo): the adapter's own tokenizer if it ships one."""
         self.params = params
         self.prompts = prompts
         self.stream = bool(body.stream)

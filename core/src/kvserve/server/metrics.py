@@ -68,6 +68,15 @@ class EngineCollector(Collector):
             for position, value in enumerate(spec.accepted_per_position):
                 per_position.add_metric([str(position)], value)
             yield per_position
+        if stats.lora is not None:  # vLLM's: the labels carry the state, the value the time of the snapshot
+            info = GaugeMetricFamily(
+                "kvserve:lora_requests_info",
+                "LoRA adapters of the running and of the waiting requests (comma-separated), and max_lora.",
+                labels=["running_lora_adapters", "max_lora", "waiting_lora_adapters"],
+            )
+            lora = stats.lora
+            info.add_metric([",".join(lora.running), str(lora.max_loras), ",".join(lora.waiting)], time.time())
+            yield info
 
 
 class ServerMetrics:
@@ -89,6 +98,9 @@ class ServerMetrics:
             "kvserve:inter_token_latency_seconds", "Time between a streamed request's outputs.",
             buckets=_LATENCY_BUCKETS, registry=registry,
         )  # fmt: skip
+        self.lora_requests = Counter(
+            "kvserve:lora_requests", "Generation requests admitted per LoRA adapter.", ["lora_name"], registry=registry
+        )
         self.e2e = Histogram(
             "kvserve:e2e_request_latency_seconds", "Arrival to last token.", buckets=_E2E_BUCKETS, registry=registry
         )

@@ -433,6 +433,19 @@ class DetokenizeRequest(_Strict):
     tokens: list[Integer]
 
 
+class LoadLoRAAdapterRequest(_Strict):
+    """``POST /v1/load_lora_adapter``, as vLLM's."""
+
+    lora_name: str = Field(min_length=1)
+    lora_path: str = Field(min_length=1)
+
+
+class UnloadLoRAAdapterRequest(_Strict):
+    """``POST /v1/unload_lora_adapter``, as vLLM's."""
+
+    lora_name: str = Field(min_length=1)
+
+
 # -- responses ------------------------------------------------------------------------------
 
 

@@ -37,21 +37,23 @@ router = APIRouter()
 
 def chat_prompt(
     state: ServerState,
+    tokenizer: Any,
     messages: list[ChatMessage],
     add_generation_prompt: bool,
     tools: list[dict[str, Any]] | None = None,
     template_kwargs: dict[str, Any] | None = None,
 ) -> list[int]:
-    """The conversation's prompt token ids; a conversation the template cannot render is a 400."""
+    """The conversation's prompt token ids through ``tokenizer`` (its template unless the server has one);
+    a conversation the template cannot render is a 400."""
     conversation = [m.template_input() for m in messages]
     template = None
-    if state.chat_template or state.tokenizer.chat_template:
+    if state.chat_template or tokenizer.chat_template:
         # As transformers picks it: a tokenizer may hold several (e.g. "default" and "tool_use").
-        template = state.tokenizer.get_chat_template(state.chat_template, tools or None)
+        template = tokenizer.get_chat_template(state.chat_template, tools or None)
         conversation, tools = conversation_for_template(template, conversation, tools)
     try:
         _, token_ids = render_chat(
-            state.tokenizer, conversation, add_generation_prompt,
+            tokenizer, conversation, add_generation_prompt,
             tools=tools, chat_template=template, template_kwargs=template_kwargs,
         )  # fmt: skip
     except ChatTemplateError as exc:
@@ -64,12 +66,14 @@ async def create_chat_completion(request: Request) -> Response:
     state, body = await admit(request, ChatCompletionRequest)
     state.limits.check(body, num_prompts=1)
     tool_use = ToolUse.of(body, state.auto_tool_parser)
-    params = tool_use.sampling_params(body.sampling_params(state.llm.info.default_sampling_fields), state.tokenizer)
+    tokenizer = state.tokenizer_for(body.model)
+    params = tool_use.sampling_params(body.sampling_params(state.llm.info.default_sampling_fields), tokenizer)
     template_kwargs = body.chat_template_kwargs or {}
     # Rendering and tokenizing a long conversation takes a while: then off the event loop, so streams go on.
     text = sum(len(m.template_input()["content"]) for m in body.messages)
+    messages, tools = body.messages, tool_use.tools
     prompt = await tokenizer_work(
-        text, lambda: chat_prompt(state, body.messages, body.add_generation_prompt, tool_use.tools, template_kwargs)
+        text, lambda: chat_prompt(state, tokenizer, messages, body.add_generation_prompt, tools, template_kwargs)
     )
     return await _ChatRun(state, body, params, [prompt], tool_use).respond(request)
 
@@ -85,9 +89,9 @@ class _ChatRun(GenerationRun):
     ) -> None:  # fmt: skip
         super().__init__(state, body, params, prompts)
         self.tool_use = tool_use
-        self.reasoning = ChatReasoning(state.reasoning_parser, state.tokenizer, body.chat_template_kwargs)
+        self.reasoning = ChatReasoning(state.reasoning_parser, self.tokenizer, body.chat_template_kwargs)
         self.replies = [
-            None if (parser := tool_use.new_parser(state.tokenizer)) is None else ToolReply(tool_use, parser)
+            None if (parser := tool_use.new_parser(self.tokenizer)) is None else ToolReply(tool_use, parser)
             for _ in self.choices.choices
         ]
         """Per choice, what reads its tool calls (None: a text reply)."""
@@ -99,7 +103,7 @@ class _ChatRun(GenerationRun):
     def _logprobs(self, token_ids: list[int], logprobs: list[TokenLogprobs] | None) -> ChatLogprobs | None:
         if self.params.logprobs is None:
             return None
-        return chat_logprobs(self.state.tokenizer, token_ids, logprobs or [], self.params.logprobs)
+        return chat_logprobs(self.tokenizer, token_ids, logprobs or [], self.params.logprobs)
 
     async def response(self) -> ChatCompletionResponse:
         async for _, output in self.outputs():

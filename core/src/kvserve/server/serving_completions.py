@@ -26,7 +26,7 @@ async def create_completion(request: Request) -> Response:
     given = body.prompts()
     state.limits.check(body, len(given), (p for p in given if not isinstance(p, str)))
     params = body.sampling_params(state.llm.info.default_sampling_fields)
-    tokenizer = state.tokenizer
+    tokenizer = state.tokenizer_for(body.model)
     # Tokenizing (and decoding, for echo) a long prompt takes a while: then off the event loop, so streams go on.
     text = sum(len(p) for p in given if isinstance(p, str))
     prompts = await tokenizer_work(text, lambda: [tokenizer.encode(p) if isinstance(p, str) else p for p in given])
@@ -81,7 +81,7 @@ class _CompletionRun(GenerationRun):
             token_logprobs = self.choices.prompt_logprobs.get(choice.prompt_index, []) + token_logprobs
         lp = None
         if self.params.logprobs is not None:
-            lp = completion_logprobs(self.state.tokenizer, token_ids, token_logprobs, choice.sent_chars)
+            lp = completion_logprobs(self.tokenizer, token_ids, token_logprobs, choice.sent_chars)
         return CompletionChoice(
             index=choice.index, text=text, logprobs=lp, finish_reason=choice.finish_reason,
             stop_reason=choice.stop_reason,

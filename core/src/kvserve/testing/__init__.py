@@ -12,7 +12,7 @@ One contract per interface: :class:`PlatformContract`, :class:`AttentionBackendC
 :class:`KVCacheManagerContract`, :class:`SchedulerContract`, :class:`ModelContract`,
 :class:`QuantizationMethodContract`, :class:`LogitsProcessorContract`,
 :class:`StructuredOutputBackendContract`, :class:`ToolParserContract`, :class:`ReasoningParserContract`,
-:class:`GGUFArchitectureContract` and :class:`DraftProposerContract`.
+:class:`GGUFArchitectureContract`, :class:`DraftProposerContract` and :class:`LoRAResolverContract`.
 ``kvserve plugins check`` runs the same suites against installed plugins. The package is also a pytest
 plugin (entry point ``pytest11: kvserve``).
 
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from kvserve.testing.contracts.gguf_architecture import GGUFArchitectureContract
     from kvserve.testing.contracts.kv_cache import KVCacheManagerContract
     from kvserve.testing.contracts.logits_processor import LogitsProcessorContract
+    from kvserve.testing.contracts.lora_resolver import LoRAResolverContract
     from kvserve.testing.contracts.model import ModelContract
     from kvserve.testing.contracts.platform import PlatformContract
     from kvserve.testing.contracts.proposer import DraftModelContract, DraftProposerContract
@@ -46,6 +47,7 @@ _LAZY = {
     "DraftProposerContract": "kvserve.testing.contracts.proposer",
     "KVCacheManagerContract": "kvserve.testing.contracts.kv_cache",
     "LogitsProcessorContract": "kvserve.testing.contracts.logits_processor",
+    "LoRAResolverContract": "kvserve.testing.contracts.lora_resolver",
     "ModelContract": "kvserve.testing.contracts.model",
     "PlatformContract": "kvserve.testing.contracts.platform",
     "QuantizationMethodContract": "kvserve.testing.contracts.quantization",
@@ -64,6 +66,7 @@ __all__ = [
     "DraftProposerContract",
     "KVCacheManagerContract",
     "LogitsProcessorContract",
+    "LoRAResolverContract",
     "ModelContract",
     "PlatformContract",
     "QuantizationMethodContract",

@@ -61,6 +61,9 @@ CONTRACTS: dict[str, ContractInfo] = {
             "gguf_architecture",
         ),
         ContractInfo("proposer", "kvserve.testing.contracts.proposer", "DraftProposerContract", "proposer"),
+        ContractInfo(
+            "lora_resolver", "kvserve.testing.contracts.lora_resolver", "LoRAResolverContract", "lora_resolver"
+        ),
     )
 }
 """Plugin kind -> its contract (every kind of ``kvserve.plugins.KINDS`` has one)."""
