@@ -1,6 +1,6 @@
 """The CPU platform's C++ LoRA kernel on each path this machine builds, against the dense float64
 reference (:func:`kvserve.testing.lora_reference.check_lora_kernel`): segments of every length on
-either side of the register tiles and of the GEMM threshold, empty segments, several slots, packed
+either side of the register tiles, empty segments, several slots, packed
 slices, decode rows grouped by adapter, odd ranks and features, base rows left exactly as they were."""
 
 from __future__ import annotations
@@ -39,11 +39,10 @@ def test_the_build_runs_the_isa_paths_the_cpu_has():
 
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("gemm_min", [32, 2, 10**6], ids=["gemm-from-32", "gemm-from-2", "no-gemm"])
-def test_segments_of_every_length(path, dtype, gemm_min):
-    """Lengths 1-40 cross the 8/4/2/1-row tiles and the GEMM threshold; the contract's slices, wider
-    ones (more than one 48-column block) and an odd rank and input (bfloat16 pairs with a lone k)."""
-    kernel = NativeLoRAKernel(path, gemm_min=gemm_min)
+def test_segments_of_every_length(path, dtype):
+    """Lengths 1-40 cross the 8/4/2/1-row tiles; the contract's slices, wider ones (more than one
+    48-column block) and an odd rank and input (bfloat16 pairs with a lone k)."""
+    kernel = NativeLoRAKernel(path)
     check = check_lora_kernel(kernel, torch.device("cpu"), dtype, seed=1, lengths=range(1, 41))
     assert check.segment_lengths[0] == 0 and check.segment_lengths[-1] >= 33
     check_lora_kernel(kernel, torch.device("cpu"), dtype, seed=2, rank=7, in_features=47, widths=(100, 17, 1))
@@ -54,7 +53,7 @@ def test_segments_of_every_length(path, dtype, gemm_min):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_decode_rows_of_one_adapter_are_one_item_and_match_the_torch_kernel(path, dtype):
     """40 decode rows alternating two adapters, base rows between: each adapter's rows become one
-    BGMV item (more rows than the GEMM threshold, yet not consecutive), the result as core's kernel's."""
+    BGMV item (of rows that are not consecutive), the result as core's kernel's."""
     slots = torch.tensor([0, -1, 3, 0, 3, -1, 0, 3] * 5).numpy()
     batch = plan_lora_batch(slots, torch.device("cpu"))
     kernel = NativeLoRAKernel(path)
@@ -86,11 +85,11 @@ def test_the_operators_refuse_mismatched_dtypes_and_plans():
     x, a = torch.randn(4, 8), torch.randn(2, 8, 4, dtype=torch.bfloat16)
     rows, items = torch.arange(4), torch.tensor([[0, 4, 1]])
     with pytest.raises(RuntimeError, match="lora_a is BFloat16"):
-        ops.shrink(x, a, rows, items, "portable", 32)
+        ops.shrink(x, a, rows, items, "portable")
     with pytest.raises(RuntimeError, match="out of range"):
-        ops.shrink(x, a.float(), rows, torch.tensor([[0, 4, 2]]), "portable", 32)
+        ops.shrink(x, a.float(), rows, torch.tensor([[0, 4, 2]]), "portable")
     with pytest.raises(RuntimeError, match="outside the 4 tokens"):
-        ops.shrink(x, a.float(), torch.tensor([0, 1, 2, 4]), items, "portable", 32)
+        ops.shrink(x, a.float(), torch.tensor([0, 1, 2, 4]), items, "portable")
 
 
 def test_the_platform_returns_the_kernel_the_environment_names(monkeypatch):

@@ -3,9 +3,9 @@ dot products where the CPU has them) or portable.
 
 Prefill segments (runs of tokens of one adapter) are SGMV; the decode rows of one adapter, wherever
 they sit in the batch, are grouped into one BGMV item, so each adapter's ``A`` and ``B`` are read once
-per step for all its rows. Segments of at least :data:`GEMM_MIN_TOKENS` tokens are GEMMs: ATen's
-matmul runs them. The rows and items are planned once per :class:`LoRABatch` (every layer of a
-forward shares it).
+per step for all its rows. Long segments stay on the kernel too: at LoRA's ranks ATen's matmul
+was slower at every length measured (``csrc/lora.cpp``). The rows and items are planned once per
+:class:`LoRABatch` (every layer of a forward shares it).
 
 ``KVSERVE_CPU_LORA_KERNEL`` picks the kernel: a path of this build (``avx512-bf16``, ``avx512``,
 ``portable``; default the best the CPU runs) or ``torch`` (core's PyTorch kernel), so each can be
@@ -31,17 +31,15 @@ logger = logging.getLogger("kvserve")
 LIBRARY = "kvserve_cpu_lora"
 SOURCES = (Path(__file__).parent / "csrc" / "lora.cpp",)
 KERNEL_ENV = "KVSERVE_CPU_LORA_KERNEL"
-GEMM_MIN_TOKENS = 32
-"""Segments of at least this many tokens run ATen's matmul: a GEMM, which oneDNN blocks better."""
 NATIVE_DTYPES = (torch.float32, torch.bfloat16)
 
 
 class NativeLoRAKernel(LoRAKernel):
     """:class:`LoRAKernel` through the C++ operators (built and loaded before construction) on
     ``path`` (``None``: the best this build runs); float32 and bfloat16, other dtypes on core's
-    PyTorch kernel. ``gemm_min``: the segment length from which ATen's matmul runs it."""
+    PyTorch kernel."""
 
-    def __init__(self, path: str | None = None, gemm_min: int = GEMM_MIN_TOKENS) -> None:
+    def __init__(self, path: str | None = None) -> None:
         ops = getattr(torch.ops, LIBRARY)
         self.paths: list[str] = list(ops.paths())
         """The paths this build runs, best first."""
@@ -49,7 +47,6 @@ class NativeLoRAKernel(LoRAKernel):
             raise ValueError(f"LoRA kernel path {path!r} is not built here; this CPU runs {', '.join(self.paths)}")
         self.path = path or self.paths[0]
         self.name = f"cpu-native-{self.path}"
-        self.gemm_min = gemm_min
         self._shrink, self._expand = ops.shrink.default, ops.expand.default
         self._fallback = TorchLoRAKernel()
         self._batch: LoRABatch | None = None
@@ -59,14 +56,14 @@ class NativeLoRAKernel(LoRAKernel):
         if x.dtype not in NATIVE_DTYPES:
             return self._fallback.shrink(x, lora_a, batch)
         rows, items = self._rows_and_items(batch)
-        return self._shrink(x, lora_a, rows, items, self.path, self.gemm_min)
+        return self._shrink(x, lora_a, rows, items, self.path)
 
     def expand(self, y: torch.Tensor, h: torch.Tensor, lora_b: Sequence[torch.Tensor], batch: LoRABatch) -> None:
         if y.dtype not in NATIVE_DTYPES:
             self._fallback.expand(y, h, lora_b, batch)
             return
         rows, items = self._rows_and_items(batch)
-        self._expand(y, h, list(lora_b), rows, items, self.path, self.gemm_min)
+        self._expand(y, h, list(lora_b), rows, items, self.path)
 
     def _rows_and_items(self, batch: LoRABatch) -> tuple[torch.Tensor, torch.Tensor]:
         """``rows`` (token indices) and ``items`` (``begin, end, slot`` into ``rows``): each segment of

@@ -2,8 +2,8 @@
 //
 // kvserve_cpu_lora::paths() -> str[]    the paths this build runs, best first: "avx512-bf16", "avx512",
 //                                       "portable"
-// kvserve_cpu_lora::shrink(x, lora_a, rows, items, path, gemm_min) -> h
-// kvserve_cpu_lora::expand(y!, h, lora_b[], rows, items, path, gemm_min)
+// kvserve_cpu_lora::shrink(x, lora_a, rows, items, path) -> h
+// kvserve_cpu_lora::expand(y!, h, lora_b[], rows, items, path)
 //
 // The work comes planned by the caller, once per step: `rows` (int64) lists token indices and `items`
 // (int64 [n, 3]: begin, end, slot) says that rows[begin:end] use adapter `slot`. A prefill segment is
@@ -13,8 +13,12 @@
 //
 // An item is cut into register tiles of 8, 4, 2 and 1 rows; a tile multiplies its rows against up to
 // 48 columns (three vectors of 16 float32) of the slot's matrix, k by k, accumulating in float32,
-// and writes h (shrink) or adds into y (expand), rounding to the storage dtype once. Items of at least
-// `gemm_min` consecutive rows are a GEMM: ATen's matmul (oneDNN) runs them.
+// and writes h (shrink) or adds into y (expand), rounding to the storage dtype once.
+//
+// Long prefill segments stay here too, not on ATen's matmul: at LoRA's shapes (a rank of 16-64 on
+// one side) oneDNN's GEMM was slower at every length measured on this project's 2-core AVX512-BF16
+// CPU (shrink + expand of SmolLM2's projections, one adapter: 3-6x at 32 tokens, 1.1-20x at 256,
+// 0.9-3x at 2048, bfloat16 and float32; a loaded machine).
 //
 // Paths (a build has those its -march=native CPU can run; the caller picks one, so each is tested and
 // measured on a CPU that has them all):
@@ -85,11 +89,12 @@ struct Tile {
 template <typename T, bool ADD>
 void tile_portable(const Tile<T>& t) {
   float acc[kRowTile][kBlock] = {};
+  float wk[kBlock];  // row k of the matrix in float32, converted once for all the tile's rows
   for (int64_t k = 0; k < t.K; ++k) {
-    const T* wk = t.w + k * t.ldw;
+    for (int64_t c = 0; c < t.nc; ++c) wk[c] = static_cast<float>(t.w[k * t.ldw + c]);
     for (int i = 0; i < t.rows; ++i) {
       const float xi = static_cast<float>(t.in[i][k]);
-      for (int64_t c = 0; c < t.nc; ++c) acc[i][c] += xi * static_cast<float>(wk[c]);
+      for (int64_t c = 0; c < t.nc; ++c) acc[i][c] += xi * wk[c];
     }
   }
   for (int i = 0; i < t.rows; ++i)
@@ -264,19 +269,14 @@ struct Job {
   int count;
 };
 
-bool is_gemm(const int64_t* rows, int64_t begin, int64_t end, int64_t gemm_min) {
-  return end - begin >= gemm_min && rows[end - 1] - rows[begin] == end - begin - 1;
-}
-
-// Every item that is no GEMM, tile by tile, in parallel over tiles when the work is large enough.
+// Every item, tile by tile, in parallel over tiles when the work is large enough.
 template <typename T, bool ADD>
 void run_items(const std::vector<Slice<T>>& slices, const int64_t* rows, const int64_t* items, int64_t n_items,
-               int64_t gemm_min, Path path) {
+               Path path) {
   std::vector<Job> jobs;
   int64_t macs = 0;
   for (int64_t it = 0; it < n_items; ++it) {
     const int64_t begin = items[3 * it], end = items[3 * it + 1], slot = items[3 * it + 2];
-    if (is_gemm(rows, begin, end, gemm_min)) continue;
     for (int64_t first = begin; first < end;) {
       int count = kRowTile;
       while (count > end - first) count /= 2;
@@ -346,7 +346,7 @@ void dispatch(at::ScalarType dtype, const Fn& fn) {
 }
 
 at::Tensor shrink(const at::Tensor& x, const at::Tensor& lora_a, const at::Tensor& rows, const at::Tensor& items,
-                  const std::string& path_name, int64_t gemm_min) {
+                  const std::string& path_name) {
   check_rows(x, "x");
   check_matrix(lora_a, x, "lora_a");
   TORCH_CHECK(lora_a.size(1) == x.size(1), "lora_a is ", lora_a.sizes(), " for x of ", x.size(1), " features");
@@ -356,25 +356,17 @@ at::Tensor shrink(const at::Tensor& x, const at::Tensor& lora_a, const at::Tenso
   at::Tensor h = at::empty({x.size(0), R}, x.options());
   const int64_t* r = rows.data_ptr<int64_t>();
   const int64_t* it = items.data_ptr<int64_t>();
-  for (int64_t i = 0; i < items.size(0); ++i) {
-    const int64_t begin = it[3 * i], end = it[3 * i + 1];
-    if (is_gemm(r, begin, end, gemm_min)) {
-      const int64_t start = r[begin], n = end - begin;
-      at::Tensor out = h.narrow(0, start, n);
-      at::mm_out(out, x.narrow(0, start, n), lora_a[it[3 * i + 2]]);
-    }
-  }
   dispatch(x.scalar_type(), [&](auto zero) {
     using scalar_t = decltype(zero);
     const std::vector<Slice<scalar_t>> slices = {{x.data_ptr<scalar_t>(), x.stride(0), 0, lora_a.data_ptr<scalar_t>(),
                                                   K * R, R, K, R, h.data_ptr<scalar_t>(), R, 0}};
-    run_items<scalar_t, false>(slices, r, it, items.size(0), gemm_min, path);
+    run_items<scalar_t, false>(slices, r, it, items.size(0), path);
   });
   return h;
 }
 
 void expand(const at::Tensor& y, const at::Tensor& h, const std::vector<at::Tensor>& lora_b, const at::Tensor& rows,
-            const at::Tensor& items, const std::string& path_name, int64_t gemm_min) {
+            const at::Tensor& items, const std::string& path_name) {
   check_rows(y, "y");
   check_rows(h, "h");
   TORCH_CHECK(!lora_b.empty(), "lora_b: at least one slice");
@@ -395,19 +387,6 @@ void expand(const at::Tensor& y, const at::Tensor& h, const std::vector<at::Tens
   const Path path = parse_path(path_name);
   const int64_t* r = rows.data_ptr<int64_t>();
   const int64_t* it = items.data_ptr<int64_t>();
-  for (int64_t i = 0; i < items.size(0); ++i) {
-    const int64_t begin = it[3 * i], end = it[3 * i + 1];
-    if (!is_gemm(r, begin, end, gemm_min)) continue;
-    const int64_t start = r[begin], n = end - begin;
-    int64_t offset = 0;
-    for (size_t s = 0; s < lora_b.size(); ++s) {
-      const int64_t out = lora_b[s].size(2);
-      y.narrow(0, start, n)
-          .narrow(1, offset, out)
-          .addmm_(h.narrow(0, start, n).narrow(1, s * rank, rank), lora_b[s][it[3 * i + 2]]);
-      offset += out;
-    }
-  }
   dispatch(y.scalar_type(), [&](auto zero) {
     using scalar_t = decltype(zero);
     std::vector<Slice<scalar_t>> slices;
@@ -419,7 +398,7 @@ void expand(const at::Tensor& y, const at::Tensor& h, const std::vector<at::Tens
                         y.stride(0), offset});
       offset += out;
     }
-    run_items<scalar_t, true>(slices, r, it, items.size(0), gemm_min, path);
+    run_items<scalar_t, true>(slices, r, it, items.size(0), path);
   });
 }
 
@@ -427,8 +406,8 @@ void expand(const at::Tensor& y, const at::Tensor& h, const std::vector<at::Tens
 
 TORCH_LIBRARY(kvserve_cpu_lora, m) {
   m.def("paths() -> str[]", &paths);
-  m.def("shrink(Tensor x, Tensor lora_a, Tensor rows, Tensor items, str path, int gemm_min) -> Tensor");
-  m.def("expand(Tensor(a!) y, Tensor h, Tensor[] lora_b, Tensor rows, Tensor items, str path, int gemm_min) -> ()");
+  m.def("shrink(Tensor x, Tensor lora_a, Tensor rows, Tensor items, str path) -> Tensor");
+  m.def("expand(Tensor(a!) y, Tensor h, Tensor[] lora_b, Tensor rows, Tensor items, str path) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(kvserve_cpu_lora, CPU, m) {
