@@ -4,8 +4,8 @@ dot products where the CPU has them) or portable.
 Prefill segments (runs of tokens of one adapter) are SGMV; the decode rows of one adapter, wherever
 they sit in the batch, are grouped into one BGMV item, so each adapter's ``A`` and ``B`` are read once
 per step for all its rows. Long segments stay on the kernel too: at LoRA's ranks ATen's matmul
-was slower at every length measured (``csrc/lora.cpp``). The rows and items are planned once per
-:class:`LoRABatch` (every layer of a forward shares it).
+was slower in all but one case measured, from 32 to 2048 tokens (``csrc/lora.cpp``). The rows and
+items are planned once per :class:`LoRABatch` (every layer of a forward shares it).
 
 ``KVSERVE_CPU_LORA_KERNEL`` picks the kernel: a path of this build (``avx512-bf16``, ``avx512``,
 ``portable``; default the best the CPU runs) or ``torch`` (core's PyTorch kernel), so each can be

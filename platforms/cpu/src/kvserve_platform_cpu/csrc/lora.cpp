@@ -16,9 +16,10 @@
 // and writes h (shrink) or adds into y (expand), rounding to the storage dtype once.
 //
 // Long prefill segments stay here too, not on ATen's matmul: at LoRA's shapes (a rank of 16-64 on
-// one side) oneDNN's GEMM was slower at every length measured on this project's 2-core AVX512-BF16
-// CPU (shrink + expand of SmolLM2's projections, one adapter: 3-6x at 32 tokens, 1.1-20x at 256,
-// 0.9-3x at 2048, bfloat16 and float32; a loaded machine).
+// one side) ATen's was slower in all but one case measured on this project's 2-core AVX512-BF16 CPU
+// (shrink + expand of SmolLM2's qkv, gate/up and down, one adapter, bfloat16 and float32, a loaded
+// machine: 2.4-5.6x this kernel's time at 32 tokens, 1.1-100x at 256, 1.6-8.4x at 2048 but for
+// bfloat16 qkv at 2048 tokens, 0.92x).
 //
 // Paths (a build has those its -march=native CPU can run; the caller picks one, so each is tested and
 // measured on a CPU that has them all):
