@@ -99,3 +99,12 @@ def test_the_platform_returns_the_kernel_the_environment_names(monkeypatch):
     assert CpuPlatform().lora_kernel().name == "cpu-native-portable"
     monkeypatch.delenv(KERNEL_ENV)
     assert CpuPlatform().lora_kernel().name == f"cpu-native-{PATHS[0]}"
+
+
+def test_without_a_compiler_core_kernel_runs_and_the_log_says_why(monkeypatch, caplog):
+    monkeypatch.delenv(KERNEL_ENV, raising=False)
+    monkeypatch.setenv("CXX", "no-such-compiler")
+    with caplog.at_level("WARNING", logger="kvserve"):
+        kernel = CpuPlatform().lora_kernel()
+    assert isinstance(kernel, TorchLoRAKernel)
+    assert "native LoRA kernel unavailable" in caplog.text and "no-such-compiler" in caplog.text
