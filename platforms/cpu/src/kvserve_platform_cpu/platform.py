@@ -8,7 +8,7 @@ from collections.abc import Callable
 import psutil
 import torch
 
-from kvserve.interfaces import DeviceCapability, LayerOps, LinearKernel, Platform, SamplingKernel
+from kvserve.interfaces import DeviceCapability, LayerOps, LinearKernel, LoRAKernel, Platform, SamplingKernel
 from kvserve_cpu_native import cpu_name_and_flags
 from kvserve_platform_cpu.cpu_info import native_bf16_feature
 
@@ -77,6 +77,13 @@ class CpuPlatform(Platform):
         from kvserve_platform_cpu.native_layer_ops import cpu_layer_ops
 
         return cpu_layer_ops()
+
+    def lora_kernel(self) -> LoRAKernel | None:
+        """The C++ SGMV/BGMV kernel (AVX512-BF16, AVX-512 or portable; ``KVSERVE_CPU_LORA_KERNEL``
+        picks), built on first use; core's PyTorch one (saying why) where it cannot be built."""
+        from kvserve_platform_cpu.native_lora import cpu_lora_kernel
+
+        return cpu_lora_kernel()
 
     def sampling_kernel(self) -> SamplingKernel:
         """The fused C++ draw, built on first use; PyTorch's (saying why) where it cannot be built."""
