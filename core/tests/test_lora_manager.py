@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 
 from kvserve.layers.linear import ColumnLinear, QKVLinear, UnquantizedLinearMethod
 from kvserve.lora import LoRARequest
-from kvserve.lora.layers import plan_lora_batch
+from kvserve.lora.layers import LoRASlots, plan_lora_batch
 from kvserve.lora.manager import BASE_SLOT, LoRAManager
 from kvserve.lora.torch_kernel import TorchLoRAKernel
 from kvserve.request import Request
@@ -52,7 +52,11 @@ def adapters(tmp_path):
 
 
 def _manager(max_loras=2, max_cached=2):
-    return LoRAManager(TwoLayers(), TorchLoRAKernel(), max_loras, max_rank=4, max_cached=max_cached)
+    return LoRAManager(_slots(max_loras).targets, max_loras, max_rank=4, max_cached=max_cached)
+
+
+def _slots(max_loras=2):
+    return LoRASlots(TwoLayers(), TorchLoRAKernel(), max_loras, max_rank=4)
 
 
 def _request(request_id, lora_request):
@@ -82,15 +86,17 @@ def test_idle_adapters_leave_least_recently_used_first_and_used_ones_stay(adapte
 
 def test_slots_hold_a_and_the_scaled_b_of_each_slice(adapters):
     a, b, _ = adapters
-    manager = _manager()
+    manager, slots = _manager(), _slots()
     requests = [_request("r1", b), _request("r2", None), _request("r3", a)]
     for request in requests:
         if request.lora_request is not None:
             manager.acquire(request.request_id, request.lora_request)
-    manager.activate(requests)
+    loads = manager.activate(requests)
+    assert manager.activate(requests) == [], "adapters already in slots are not loaded again"
+    slots.load(loads)
     slot_b, slot_a = manager.slot_of(requests[0]), manager.slot_of(requests[2])
     assert manager.slot_of(requests[1]) == BASE_SLOT and {slot_a, slot_b} == {0, 1}
-    qkv, up = manager.linears[0][0], manager.linears[1][0]
+    qkv, up = slots.layers[0][1], slots.layers[1][1]
     loaded = manager.cache[2].modules
     q_a, q_b = loaded["model.attn.q_proj"]
     assert torch.equal(qkv.lora_a[slot_b, :, :2], q_a.t()) and torch.equal(qkv.lora_b[0][slot_b, :2], q_b.t())
