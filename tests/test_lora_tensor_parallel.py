@@ -1,6 +1,6 @@
-"""Multi-LoRA under tensor parallelism: two gloo worker ranks, adapters made with the real ``peft``
-mixed in one batch with the base model, against ``PeftModel`` under HF ``generate`` and against
-one rank.
+"""Multi-LoRA under tensor parallelism: two gloo ranks (worker processes, or Ray actors), adapters
+made with the real ``peft`` mixed in one batch with the base model, against ``PeftModel`` under HF
+``generate`` and against one rank.
 
 Each rank's slots hold its shard of every adapter (column layers: ``B``'s output features, row
 layers: ``A``'s input features), loaded from what the step carries; ``max_loras=2`` for three
@@ -54,8 +54,14 @@ def _generate(base, adapters, prompt_ids, **engine):
     return results
 
 
-@pytest.mark.parametrize("kv_heads", [2, 1], ids=["kv-split", "kv-replicated"])
-def test_two_ranks_match_peft_and_one_rank(tmp_path, kv_heads):
+@pytest.mark.parametrize(
+    ("kv_heads", "executor"),
+    [(2, "mp"), (1, "mp"), (2, "ray")],
+    ids=["kv-split", "kv-replicated", "kv-split-ray"],
+)
+def test_two_ranks_match_peft_and_one_rank(tmp_path, kv_heads, executor):
+    if executor == "ray":
+        pytest.importorskip("ray", reason="ray is not installed (pip install 'kvserve-core[ray]')")
     base = build_tiny_model("llama", tmp_path / "base", randomize_vectors=True, num_key_value_heads=kv_heads)
     tokenizer = transformers.AutoTokenizer.from_pretrained(base)
     prompt_ids = [tokenizer.encode(p) for p in PROMPTS]
@@ -64,7 +70,7 @@ def test_two_ranks_match_peft_and_one_rank(tmp_path, kv_heads):
         for seed, (name, fields) in enumerate(ADAPTERS.items())
     }
     reference = {name: hf_greedy(base, prompt_ids, NEW_TOKENS, adapters.get(name)) for name in [None, *adapters]}
-    two = _generate(base, adapters, prompt_ids, tensor_parallel_size=2)
+    two = _generate(base, adapters, prompt_ids, tensor_parallel_size=2, distributed_executor_backend=executor)
     one = _generate(base, adapters, prompt_ids)
     for (name, i), (tokens, logprobs) in two.items():
         ref_tokens, ref_logprobs = reference[name][i]
