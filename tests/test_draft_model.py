@@ -3,20 +3,24 @@
 A layer-skip draft (the first layer of a tiny Llama, written as its own checkpoint) gives greedy
 fp32 outputs identical to speculation off, batched, with chunked prefill and with preemption; the
 target itself as its draft has every draft accepted (its draft KV follows the accepted tokens
-exactly); a draft of another vocabulary is refused at start naming both models; and the proposer
-contract, the contract's tiny model drafting for itself.
+exactly); with LoRA on, the draft runs without LoRA slots and requests of adapters get exactly their
+outputs without speculation; a draft of another vocabulary is refused at start naming both models;
+and the proposer contract, the contract's tiny model drafting for itself.
 """
 
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
 from kvserve import LLM, SamplingParams
 from kvserve.errors import ConfigError
+from kvserve.layers import LinearBase
+from kvserve.lora import LoRARequest
 from kvserve.testing import DraftModelContract
-from kvserve.testing.hf_models import build_tiny_model, layer_skip_draft
+from kvserve.testing.hf_models import build_lora_adapter, build_tiny_model, layer_skip_draft
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +39,28 @@ TINY = {"dtype": "float32", "max_model_len": 64, "num_kv_blocks": 128}
 GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
 
 
-def tokens_of(llm: LLM, batch, params=GREEDY) -> list[list[int]]:
-    return [list(o.outputs[0].token_ids) for o in llm.generate(batch, params, use_tqdm=False)]
+def tokens_of(llm: LLM, batch, params=GREEDY, **generate) -> list[list[int]]:
+    return [list(o.outputs[0].token_ids) for o in llm.generate(batch, params, use_tqdm=False, **generate)]
+
+
+def test_a_draft_model_runs_without_lora_beside_adapters(models, tmp_path):
+    """The draft proposes as the base model (no slots, no adapter); the target verifies with each
+    request's adapter, so adapter and base requests get exactly their outputs without speculation."""
+    target, draft = models
+    adapter = build_lora_adapter(
+        Path(target), tmp_path / "qv", 1, r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]
+    )
+    lora = LoRARequest("qv", 1, str(adapter))
+    fields = {**TINY, "enable_lora": True, "max_loras": 1}
+    spec = {"method": "draft_model", "model": draft, "num_speculative_tokens": 3}
+    plain, speculative = LLM(target, **fields), LLM(target, **fields, speculative_config=spec)
+    batch = prompts(4)
+    requests = [lora, None, lora, None]
+    assert tokens_of(speculative, batch, lora_request=requests) == tokens_of(plain, batch, lora_request=requests)
+    assert tokens_of(plain, batch, lora_request=requests) != tokens_of(plain, batch), "the adapter changes outputs"
+    runner = speculative.engine.speculator.proposer.runner
+    assert runner.lora is None and runner.info.lora_kernel is None
+    assert all(m.lora is None for m in runner.model.modules() if isinstance(m, LinearBase)), "draft has LoRA slots"
 
 
 @pytest.mark.parametrize(

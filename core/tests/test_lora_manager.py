@@ -1,5 +1,6 @@
 """LoRA bookkeeping without a model plugin: the step's grouping of tokens into segments, the host
-cache's LRU order (adapters in use never leave), and slots filled with the adapter's A and scaled B."""
+cache's LRU order (adapters in use never leave), slots filled with the adapter's A and scaled B, a
+tensor-parallel rank's slots holding its shard."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from kvserve.layers.linear import ColumnLinear, QKVLinear, UnquantizedLinearMethod
+from kvserve.layers.linear import ColumnLinear, LinearBase, QKVLinear, UnquantizedLinearMethod
 from kvserve.lora import LoRARequest
-from kvserve.lora.layers import plan_lora_batch
+from kvserve.lora.layers import LoRASlots, SlotLoad, plan_lora_batch
 from kvserve.lora.manager import BASE_SLOT, LoRAManager
 from kvserve.lora.torch_kernel import TorchLoRAKernel
 from kvserve.request import Request
@@ -52,7 +53,11 @@ def adapters(tmp_path):
 
 
 def _manager(max_loras=2, max_cached=2):
-    return LoRAManager(TwoLayers(), TorchLoRAKernel(), max_loras, max_rank=4, max_cached=max_cached)
+    return LoRAManager(_slots(max_loras).targets, max_loras, max_rank=4, max_cached=max_cached)
+
+
+def _slots(max_loras=2):
+    return LoRASlots(TwoLayers(), TorchLoRAKernel(), max_loras, max_rank=4)
 
 
 def _request(request_id, lora_request):
@@ -82,15 +87,17 @@ def test_idle_adapters_leave_least_recently_used_first_and_used_ones_stay(adapte
 
 def test_slots_hold_a_and_the_scaled_b_of_each_slice(adapters):
     a, b, _ = adapters
-    manager = _manager()
+    manager, slots = _manager(), _slots()
     requests = [_request("r1", b), _request("r2", None), _request("r3", a)]
     for request in requests:
         if request.lora_request is not None:
             manager.acquire(request.request_id, request.lora_request)
-    manager.activate(requests)
+    loads = manager.activate(requests)
+    assert manager.activate(requests) == [], "adapters already in slots are not loaded again"
+    slots.load(loads)
     slot_b, slot_a = manager.slot_of(requests[0]), manager.slot_of(requests[2])
     assert manager.slot_of(requests[1]) == BASE_SLOT and {slot_a, slot_b} == {0, 1}
-    qkv, up = manager.linears[0][0], manager.linears[1][0]
+    qkv, up = slots.layers[0][1], slots.layers[1][1]
     loaded = manager.cache[2].modules
     q_a, q_b = loaded["model.attn.q_proj"]
     assert torch.equal(qkv.lora_a[slot_b, :, :2], q_a.t()) and torch.equal(qkv.lora_b[0][slot_b, :2], q_b.t())
@@ -126,3 +133,31 @@ def test_a_step_given_as_a_generator_keeps_its_adapters_slots(adapters):
     manager.acquire("r3", c)
     manager.activate(request for request in [first[0], _request("r3", c)])
     assert manager.slot_of(first[0]) == slot_a and manager.slots[1 - slot_a] == 3
+
+
+def test_a_ranks_slots_hold_its_shard_and_row_shards_sum_to_the_whole(tmp_path):
+    """Two ranks' shards, built as tensor parallelism builds them: a column layer's slots hold all of A
+    and the rank's output features of B, a row layer's the rank's input features of A and all of B;
+    adapters are checked against the whole layer; the ranks' row terms sum to ``x A B``."""
+    method = UnquantizedLinearMethod()
+    up, down = "model.mlp.up_proj", "model.mlp.down_proj"
+    gen = torch.Generator().manual_seed(0)
+    weights = {up: (torch.randn(2, HIDDEN, generator=gen), torch.randn(6, 2, generator=gen))}
+    weights[down] = (torch.randn(2, 6, generator=gen), torch.randn(HIDDEN, 2, generator=gen))
+    x = torch.randn(3, 6, generator=gen)
+    partial_sum = torch.zeros(3, HIDDEN)
+    for rank in range(2):
+        model = torch.nn.Module()
+        model.up = LinearBase(HIDDEN, [3], False, method, up, shard_slices=[(3 * rank, 3)], full_output_sizes=[6])
+        model.down = LinearBase(3, [HIDDEN], False, method, down, input_slice=(3 * rank, 3), full_input_size=6)
+        slots = LoRASlots(model, TorchLoRAKernel(), max_loras=1, max_rank=4)
+        assert slots.targets == {up: (HIDDEN, 6), down: (6, HIDDEN)}, "adapters are checked against whole layers"
+        slots.load([SlotLoad(0, weights)])
+        (_, up_lora), (_, down_lora) = slots.layers
+        assert torch.equal(up_lora.lora_a[0, :, :2], weights[up][0].t())
+        assert torch.equal(up_lora.lora_b[0][0, :2], weights[up][1][3 * rank : 3 * rank + 3].t())
+        assert torch.equal(down_lora.lora_a[0, :, :2], weights[down][0][:, 3 * rank : 3 * rank + 3].t())
+        assert torch.equal(down_lora.lora_b[0][0, :2], weights[down][1].t())
+        partial_sum += x[:, 3 * rank : 3 * rank + 3] @ down_lora.lora_a[0] @ down_lora.lora_b[0][0]
+    a, b = weights[down]
+    torch.testing.assert_close(partial_sum, x @ a.t() @ b.t())

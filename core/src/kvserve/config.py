@@ -503,18 +503,13 @@ class EngineConfig(_Section):
 
     @model_validator(mode="after")
     def _lora_combinations(self) -> EngineConfig:
-        # Phase 1 of LoRA (docs/lora.md): one rank, eager steps; the rest is refused, not half-built.
+        # LoRA runs eager steps only (docs/lora.md): compiled levels are refused, not half-built.
         if self.server.lora_modules and not self.lora.enable_lora:
             raise ValueError("lora_modules needs enable_lora")
         if self.server.allow_runtime_lora_updating and not self.lora.enable_lora:
             raise ValueError("allow_runtime_lora_updating needs enable_lora")
         if not self.lora.enable_lora:
             return self
-        if self.parallel.tensor_parallel_size > 1:
-            raise ValueError(
-                f"enable_lora with tensor_parallel_size={self.parallel.tensor_parallel_size} is not supported yet "
-                "(adapters are not sharded across ranks); use tensor_parallel_size 1"
-            )
         if self.compilation.optimization_level:
             raise ValueError(
                 f"enable_lora with optimization_level {self.compilation.optimization_level} (compiled) is not "

@@ -21,17 +21,15 @@ from kvserve.engine.generation_defaults import (
 from kvserve.engine.output_processor import RequestState
 from kvserve.engine.stats import EngineStats, LoRAStats, StatLogger
 from kvserve.engine.validation import CheckedRequest, check_request
-from kvserve.errors import ConfigError, EngineDeadError
+from kvserve.errors import EngineDeadError
 from kvserve.executor import Executor, InProcessExecutor
 from kvserve.interfaces import SchedulerOutput
 from kvserve.interfaces.proposer import TargetModel
-from kvserve.layers.linear import UnquantizedLinearMethod
 from kvserve.logging_setup import configure_logging
 from kvserve.lora.layers import LORA_SLOT
 from kvserve.lora.manager import LoRAManager, adapter_id
 from kvserve.lora.request import LoRARequest
 from kvserve.lora.tokenizer import adapter_tokenizer
-from kvserve.lora.torch_kernel import TorchLoRAKernel
 from kvserve.outputs import RequestOutput, TokenLogprobs
 from kvserve.reasoning import load_reasoning_parser
 from kvserve.request import Request, RequestStatus
@@ -64,11 +62,6 @@ class LLMEngine:
         self.model_path = source.path
         self.hf_config = source.hf_config
         settings = ModelSettings.resolve(config, self.platform, self.hf_config)
-        if config.lora.enable_lora and settings.quant_method.name != UnquantizedLinearMethod.name:
-            raise ConfigError(  # before loading: LoRA over quantized layers is a later phase (docs/lora.md)
-                f"enable_lora with a quantized base model (quantization {settings.quant_method.name!r}) is not "
-                "supported yet; serve an unquantized checkpoint (or quantization='none')"
-            )
         self.dtype, self.max_model_len = settings.dtype, settings.max_model_len
         self.platform.seed_everything(config.model.seed)
         self.eos_token_ids = self._eos_token_ids(source)
@@ -134,7 +127,7 @@ class LLMEngine:
         kernels = self.runner.backend.kernels() if self.runner is not None else ""
         backend = f"{self.backend_name} ({kernels})" if kernels else self.backend_name
         info = self.executor.info
-        lora = "" if self.lora is None else f" lora_kernel={self.lora.step.kernel.name}"
+        lora = "" if info.lora_kernel is None else f" lora_kernel={info.lora_kernel}"
         return (
             f"optimization_level={level} ({how}) attention_backend={backend} linear_kernel={info.linear_kernel} "
             f"layer_ops={info.layer_ops} sampling_kernel={self.sampler.kernel.describe()}{lora}"
@@ -151,11 +144,12 @@ class LLMEngine:
         return MultiprocExecutor(self.config, self.platform.distributed_backend)
 
     def _lora_manager(self) -> LoRAManager:
-        """Slots in every linear layer of the model (one rank, unquantized: refused before), the
-        per-token slot in every step and at most ``max_loras`` distinct adapters running."""
+        """The host's adapter cache and slot assignment (every rank's runner holds the slots: it
+        loads what each step carries), the per-token slot in every step and at most ``max_loras``
+        distinct adapters running."""
         lora = self.config.lora
-        kernel = self.platform.lora_kernel() or TorchLoRAKernel()
-        manager = LoRAManager(self.model, kernel, lora.max_loras, lora.max_lora_rank, lora.cached_adapters())
+        targets = self.executor.info.lora_targets
+        manager = LoRAManager(targets, lora.max_loras, lora.max_lora_rank, lora.cached_adapters())
         self.token_metadata[LORA_SLOT] = manager.slot_of
         self.scheduler.add_admission_rule(DistinctKeyLimit(adapter_id, lora.max_loras))
         return manager
@@ -303,11 +297,12 @@ class LLMEngine:
                 self.stat_logger.record_step(0, 0, len(plan.preempted))
                 return self._outputs(failed)
             self._mark_scheduled(plan)
-            if self.lora is not None:
-                self.lora.activate(item.request for item in plan.scheduled)
+            loads = () if self.lora is None else tuple(self.lora.activate(item.request for item in plan.scheduled))
             keep_hidden = self.speculator is not None and self.speculator.uses_hidden_states
             step = self.executor.execute(
-                StepInput.from_plan(plan, self.kv_cache_manager, self.token_metadata, keep_hidden_states=keep_hidden)
+                StepInput.from_plan(
+                    plan, self.kv_cache_manager, self.token_metadata, keep_hidden_states=keep_hidden, lora_loads=loads
+                )
             )
             # Who samples: the requests whose chunk completes their sequence, from each of its rows (one,
             # or 1 + k verifying k drafts: every row is sampled as the request with the drafts before it).

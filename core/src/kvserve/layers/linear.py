@@ -43,6 +43,8 @@ class LinearBase(torch.nn.Module):
     ``input_size`` and ``output_sizes`` are this rank's; ``shard_slices`` (column layers) gives,
     per shard, the ``(offset, size)`` of this rank's output features within the checkpoint
     tensor, ``input_slice`` (row layers) the ``(offset, size)`` of its input features.
+    ``full_input_size`` and ``full_output_sizes`` are the checkpoint's (unsharded, unpacked)
+    features, the rank's by default.
     """
 
     def __init__(
@@ -55,12 +57,16 @@ class LinearBase(torch.nn.Module):
         shard_prefixes: list[str] | None = None,
         shard_slices: list[tuple[int, int]] | None = None,
         input_slice: tuple[int, int] | None = None,
+        full_input_size: int | None = None,
+        full_output_sizes: list[int] | None = None,
     ) -> None:
         super().__init__()
         self.shard_slices = shard_slices
         self.input_slice = input_slice
         self.input_size = input_size
         self.output_sizes = list(output_sizes)
+        self.full_input_size = full_input_size or input_size
+        self.full_output_sizes = list(full_output_sizes or output_sizes)
         self.output_size = sum(output_sizes)
         self.prefix = prefix
         self.shard_prefixes = shard_prefixes or [prefix]
@@ -174,7 +180,9 @@ class ColumnLinear(LinearBase):
     def __init__(self, input_size: int, output_size: int, bias: bool, quant_method: QuantizationMethod, prefix: str):
         per_rank = _split(output_size, "output features", prefix)
         slices = [(distributed.rank() * per_rank, per_rank)]
-        super().__init__(input_size, [per_rank], bias, quant_method, prefix, shard_slices=slices)
+        super().__init__(
+            input_size, [per_rank], bias, quant_method, prefix, shard_slices=slices, full_output_sizes=[output_size]
+        )
 
 
 class RowLinear(LinearBase):
@@ -185,13 +193,21 @@ class RowLinear(LinearBase):
     def __init__(self, input_size: int, output_size: int, bias: bool, quant_method: QuantizationMethod, prefix: str):
         per_rank = _split(input_size, "input features", prefix)
         input_slice = (distributed.rank() * per_rank, per_rank)
-        super().__init__(per_rank, [output_size], bias, quant_method, prefix, input_slice=input_slice)
+        super().__init__(
+            per_rank, [output_size], bias, quant_method, prefix, input_slice=input_slice, full_input_size=input_size
+        )
         self.reduce = distributed.world_size() > 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.reduce:
             return super().forward(x)
-        out = distributed.all_reduce(self.quant_method.apply(self, x, None))
+        partial = self.quant_method.apply(self, x, None)
+        if self.lora is not None:
+            # The slots hold this rank's input rows of A (split as W is) and all of B: each rank adds
+            # (x_r A_r) B to its partial product, and the all-reduce's sum is (sum_r x_r A_r) B = x A B,
+            # the one-rank result, with no collective of its own for the shrunk h.
+            partial = self.lora(x, partial)
+        out = distributed.all_reduce(partial)
         return out if self.bias is None else out + self.bias
 
 
@@ -218,7 +234,9 @@ class MergedColumnLinear(LinearBase):
             per_rank = [_split(size, "output features in a shard", prefix) for size in output_sizes]
             shard_slices = [(rank * size, size) for size in per_rank]
         sizes = [size for _, size in shard_slices]
-        super().__init__(input_size, sizes, bias, quant_method, prefix, shard_prefixes, shard_slices)
+        super().__init__(
+            input_size, sizes, bias, quant_method, prefix, shard_prefixes, shard_slices, full_output_sizes=output_sizes
+        )
 
 
 class QKVLinear(MergedColumnLinear):

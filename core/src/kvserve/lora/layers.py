@@ -1,17 +1,24 @@
 """LoRA slots beside a linear layer: ``y = base(x) + scale · (x A_i) B_i`` per token's adapter ``i``.
 
-The step input carries each token's adapter slot under :data:`LORA_SLOT` (``-1``: the base model);
-:class:`LoRAStep` turns it into one :class:`~kvserve.interfaces.lora_kernel.LoRABatch` per forward,
-which every :class:`LoRALinear` of the model shares.
+The step input carries each token's adapter slot under :data:`LORA_SLOT` (``-1``: the base model)
+and the adapters to put into slots before it runs (:class:`SlotLoad`, decided by the host's
+:class:`~kvserve.lora.manager.LoRAManager`); :class:`LoRASlots`, the runner's (every rank's), fills
+its rank's shard of each layer's slots from them. :class:`LoRAStep` turns the per-token slots into
+one :class:`~kvserve.interfaces.lora_kernel.LoRABatch` per forward, which every :class:`LoRALinear`
+of the model shares.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from kvserve.forward_context import ForwardContext, get_forward_context
 from kvserve.interfaces.lora_kernel import LoRABatch, LoRAKernel
+from kvserve.layers.linear import LinearBase
 
 LORA_SLOT = "lora_slot"
 """The per-token metadata name of each token's adapter slot."""
@@ -109,3 +116,62 @@ class LoRALinear(torch.nn.Module):
         kernel = self.step.kernel
         kernel.expand(y2, kernel.shrink(x2, self.lora_a, batch), self.lora_b, batch)
         return y
+
+
+@dataclass(frozen=True)
+class SlotLoad:
+    """An adapter to put into ``slot`` before a step runs: the host decides it once and the step
+    carries it to every rank, so every rank's slots hold the same adapters."""
+
+    slot: int
+    modules: Mapping[str, tuple[torch.Tensor, torch.Tensor]]
+    """Checkpoint module name -> ``(A [r, in], B [out, r])``, unsharded, the scale folded into ``B``
+    (:attr:`~kvserve.lora.peft_adapter.LoRAAdapter.modules`)."""
+
+
+class LoRASlots:
+    """``max_loras`` slots beside every linear layer of ``model`` (this rank's shard of it), sharded
+    as the layer is: a column-parallel layer's slots hold all of ``A`` and this rank's output
+    features of ``B``, a row-parallel one's this rank's input features of ``A`` and all of ``B``
+    (``RowLinear`` adds the term before its all-reduce)."""
+
+    def __init__(self, model: torch.nn.Module, kernel: LoRAKernel, max_loras: int, max_rank: int) -> None:
+        self.step = LoRAStep(kernel, next(model.parameters()).device)
+        self.layers: list[tuple[LinearBase, LoRALinear]] = []
+        self.targets: dict[str, tuple[int, int]] = {}
+        """Checkpoint module name -> (input, output features) of the whole (unsharded, unpacked) layer:
+        what an adapter's shapes are checked against."""
+        for module in model.modules():
+            if isinstance(module, LinearBase):
+                lora = LoRALinear(
+                    module.input_size, module.output_sizes, max_loras, max_rank, self.step, module.params_dtype
+                )
+                module.lora = lora
+                self.layers.append((module, lora))
+                for name, size in zip(module.shard_prefixes, module.full_output_sizes):
+                    self.targets[name] = (module.full_input_size, size)
+
+    def load(self, loads: Iterable[SlotLoad]) -> None:
+        """Put each adapter of ``loads`` into its slot, this rank's part of every layer's."""
+        for load in loads:
+            for module, lora in self.layers:
+                lora.set_slot(
+                    load.slot,
+                    [_rank_part(module, i, load.modules.get(name)) for i, name in enumerate(module.shard_prefixes)],
+                )
+
+
+def _rank_part(
+    module: LinearBase, shard: int, weights: tuple[torch.Tensor, torch.Tensor] | None
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """This rank's ``(A, B)`` of shard ``shard`` of ``module``: cut as its weight is."""
+    if weights is None:
+        return None
+    a, b = weights
+    if module.input_slice is not None:
+        start, size = module.input_slice
+        a = a[:, start : start + size]
+    if module.shard_slices is not None:
+        start, size = module.shard_slices[shard]
+        b = b[start : start + size]
+    return a, b

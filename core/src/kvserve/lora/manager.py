@@ -6,11 +6,7 @@ import logging
 from collections import Counter, OrderedDict
 from collections.abc import Iterable
 
-import torch
-
-from kvserve.interfaces.lora_kernel import LoRAKernel
-from kvserve.layers.linear import LinearBase
-from kvserve.lora.layers import LoRALinear, LoRAStep
+from kvserve.lora.layers import SlotLoad
 from kvserve.lora.peft_adapter import LoRAAdapter, load_peft_adapter
 from kvserve.lora.request import LoRARequest
 from kvserve.request import Request
@@ -22,34 +18,22 @@ BASE_SLOT = -1
 
 
 class LoRAManager:
-    """Gives every linear layer of ``model`` ``max_loras`` adapter slots and keeps them filled.
+    """Decides, on the host, which adapter each of ``max_loras`` slots holds.
 
-    Adapters are read once and kept in a host cache of at most ``max_cached`` adapters that no
-    request uses (least recently used leave first; those in use always stay). Before each step
-    :meth:`activate` puts the adapters of the scheduled requests into slots, so the scheduler must
-    run at most ``max_loras`` distinct adapters at once (``DistinctKeyLimit`` on :func:`adapter_id`).
+    Adapters are read once, checked against ``targets`` (the model's LoRA-capable modules by
+    checkpoint name, each ``(input, output features)`` of the whole layer:
+    :attr:`~kvserve.lora.layers.LoRASlots.targets`) and kept in a host cache of at most
+    ``max_cached`` adapters that no request uses (least recently used leave first; those in use
+    always stay). Before each step :meth:`activate` assigns the scheduled requests' adapters to
+    slots and returns what the runners must load, so the scheduler must run at most ``max_loras``
+    distinct adapters at once (``DistinctKeyLimit`` on :func:`adapter_id`).
     """
 
-    def __init__(
-        self, model: torch.nn.Module, kernel: LoRAKernel, max_loras: int, max_rank: int, max_cached: int
-    ) -> None:
-        device = next(model.parameters()).device
-        self.step = LoRAStep(kernel, device)
+    def __init__(self, targets: dict[str, tuple[int, int]], max_loras: int, max_rank: int, max_cached: int) -> None:
         self.max_rank = max_rank
         self.max_cached = max_cached
-        self.linears: list[tuple[LoRALinear, list[str]]] = []
-        """Each LoRA layer and the checkpoint names of its slices."""
-        self.targets: dict[str, tuple[int, int]] = {}
+        self.targets = targets
         """Module name -> (input, output features): what an adapter may target."""
-        for module in model.modules():
-            if isinstance(module, LinearBase):
-                lora = LoRALinear(
-                    module.input_size, module.output_sizes, max_loras, max_rank, self.step, module.params_dtype
-                )
-                module.lora = lora
-                self.linears.append((lora, module.shard_prefixes))
-                for name, size in zip(module.shard_prefixes, module.output_sizes):
-                    self.targets[name] = (module.input_size, size)
         self.cache: OrderedDict[int, LoRAAdapter] = OrderedDict()
         """Loaded adapters by ``lora_int_id``, least recently used first."""
         self.users: dict[str, int] = {}
@@ -126,24 +110,25 @@ class LoRAManager:
             if adapter_id in self.slots:  # its id may name another adapter once it is loaded again
                 self.slots[self.slots.index(adapter_id)] = None
 
-    def activate(self, requests: Iterable[Request]) -> None:
-        """Put the adapters of ``requests`` (a step's) into slots: ones already there stay, the others
-        take free slots or those of adapters this step does not run."""
+    def activate(self, requests: Iterable[Request]) -> list[SlotLoad]:
+        """Assign the adapters of ``requests`` (a step's) to slots: ones already there stay, the others
+        take free slots or those of adapters this step does not run. Returns the adapters newly put
+        into slots, which the step carries to every rank's runner to load before it runs."""
         wanted = {adapter_id(r) for r in requests}  # read once: ``requests`` may be a generator
         needed = wanted - {None, *self.slots}
         if not needed:
-            return
+            return []
         spare = [slot for slot, held in enumerate(self.slots) if held is None or held not in wanted]
         if len(needed) > len(spare):
             raise RuntimeError(
                 f"a step runs {len(wanted - {None})} distinct LoRA adapters but there are {len(self.slots)} slots "
                 "(max_loras): the scheduler's admission rule was bypassed"
             )
+        loads = []
         for slot, new_id in zip(spare, sorted(needed)):
-            adapter = self.cache[new_id]
-            for lora, names in self.linears:
-                lora.set_slot(slot, [adapter.modules.get(name) for name in names])
+            loads.append(SlotLoad(slot, self.cache[new_id].modules))
             self.slots[slot] = new_id
+        return loads
 
     def slot_of(self, request: Request) -> int:
         """The slot of ``request``'s adapter in this step (:data:`BASE_SLOT` without one): the per-token

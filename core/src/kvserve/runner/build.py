@@ -1,5 +1,6 @@
-"""Build a ModelRunner from an EngineConfig: the model (this rank's shard), its attention backend,
-the KV cache sized to the budget, and the compiled forward at optimization levels 1 and 2.
+"""Build a ModelRunner from an EngineConfig: the model (this rank's shard), its LoRA slots with
+``enable_lora``, its attention backend, the KV cache sized to the budget, and the compiled forward
+at optimization levels 1 and 2.
 
 The in-process engine and every tensor-parallel worker call :func:`build_runner`; neither
 needs a scheduler, a sampler or a tokenizer for it.
@@ -7,6 +8,7 @@ needs a scheduler, a sampler or a tokenizer for it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,6 +22,8 @@ from kvserve.config import EngineConfig
 from kvserve.errors import ConfigError
 from kvserve.interfaces import AttentionBackend, LayerAttentionSpec, Platform
 from kvserve.layers import LinearBase, TorchLayerOps, attention_layers, pack_linear_weights, use_layer_ops
+from kvserve.lora.layers import LoRASlots
+from kvserve.lora.torch_kernel import TorchLoRAKernel
 from kvserve.plugins import load_component
 from kvserve.runner.compilation import CompiledForward
 from kvserve.runner.model_runner import ModelRunner, RunnerInfo
@@ -46,17 +50,20 @@ def build_runner(config: EngineConfig, platform: Platform, source: Any, settings
     ConfigError naming the field when the model, backend or cache cannot be had."""
     model, linear_kernel = _build_model(config, platform, source, settings)
     layer_ops = _use_layer_ops(config, platform, model)
+    lora = _lora_slots(config, platform, model)  # before the cache is sized: the slots take memory
     backend_cls, spec = resolve_attention(
         config, platform, _attention_shape(model), _attention_layers(model), settings.dtype
     )
     backend = backend_cls(spec)
     num_blocks = _num_kv_blocks(config, platform, model, backend, settings.max_model_len)
     info = RunnerInfo(num_blocks, spec.block_size, backend_cls.name, linear_kernel, layer_ops)
+    if lora is not None:
+        info = dataclasses.replace(info, lora_kernel=lora.step.kernel.name, lora_targets=lora.targets)
     scheduler = config.scheduler
     return ModelRunner(
         model, backend, backend.allocate_kv_cache(num_blocks), info, platform.device(),
         _compiled_forward(config, model), scheduler.max_num_batched_tokens, scheduler.max_num_seqs,
-        settings.max_model_len,
+        settings.max_model_len, lora,
     )  # fmt: skip
 
 
@@ -83,6 +90,16 @@ def _build_model(
     kernel = platform.linear_kernel()
     linear_kernel = "F.linear" if kernel is None else str(pack_linear_weights(model, kernel))
     return model.eval(), linear_kernel
+
+
+def _lora_slots(config: EngineConfig, platform: Platform, model: torch.nn.Module) -> LoRASlots | None:
+    """With ``enable_lora``, ``max_loras`` slots beside every linear layer, run by the platform's
+    LoRA kernel (core's PyTorch one where it has none); None without."""
+    lora = config.lora
+    if not lora.enable_lora:
+        return None
+    kernel = platform.lora_kernel() or TorchLoRAKernel()
+    return LoRASlots(model, kernel, lora.max_loras, lora.max_lora_rank)
 
 
 def _use_layer_ops(config: EngineConfig, platform: Platform, model: torch.nn.Module) -> str:

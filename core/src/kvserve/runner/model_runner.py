@@ -10,6 +10,7 @@ import torch
 
 from kvserve.forward_context import ForwardContext, current_forward_context
 from kvserve.interfaces import AttentionBackend, AttentionBatch
+from kvserve.lora.layers import LoRASlots
 from kvserve.runner.compilation import CompiledForward
 from kvserve.runner.step_buffers import StepBuffers
 from kvserve.runner.step_input import StepInput
@@ -29,10 +30,15 @@ class RunnerInfo:
     """Which GEMM the dense linear layers run, for the start-up line."""
     layer_ops: str
     """Which norm/activation/rope kernels the layers run, for the start-up line."""
+    lora_kernel: str | None = None
+    """The LoRA kernel's name with LoRA on, for the start-up line; None: no LoRA slots."""
+    lora_targets: dict[str, tuple[int, int]] | None = None
+    """With LoRA on, what adapters may target (:attr:`~kvserve.lora.layers.LoRASlots.targets`)."""
 
 
 class ModelRunner:
     """``compiled``: run the model through it (bucket-padded steps); None: eager, unpadded.
+    ``lora``: the model's LoRA slots, which each step's ``lora_loads`` fill; None without LoRA.
 
     Per-step inputs are written into :class:`StepBuffers` allocated once, sized for steps of
     ``max_tokens`` tokens and ``max_seqs`` sequences of up to ``max_model_len`` tokens. Build one
@@ -50,8 +56,10 @@ class ModelRunner:
         max_tokens: int = 2048,
         max_seqs: int = 128,
         max_model_len: int = 2048,
+        lora: LoRASlots | None = None,
     ) -> None:
         self.model = model
+        self.lora = lora
         self.backend = backend
         self.kv_caches = kv_caches
         self.info = info
@@ -115,6 +123,8 @@ class ModelRunner:
     def execute(self, step: StepInput) -> StepLogits:
         """One forward over every token of ``step``; logits of its sample positions and prompt-logit
         spans (and the sample positions' hidden states when ``step.keep_hidden_states``)."""
+        if step.lora_loads:
+            self.lora.load(step.lora_loads)
         input_ids, positions, batch, metadata = self.prepare(step)
         ctx = ForwardContext(self.backend, batch, self.backend.build_metadata(batch), self.kv_caches, metadata)
         forward = self.model if self.compiled is None else self.compiled

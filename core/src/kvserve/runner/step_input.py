@@ -2,8 +2,9 @@
 
 The driver builds it once from the scheduler's plan and the KV manager's block tables
 (:meth:`StepInput.from_plan`); an executor hands it to its runner as it is, or pickles it to
-every tensor-parallel worker. It holds numbers only (numpy arrays, tuples, dicts of them), no
-requests and no live objects, so every rank sees exactly what the driver planned.
+every tensor-parallel worker. It holds numbers only (numpy arrays, tuples, dicts of them, the host
+tensors of LoRA adapters to load), no requests and no live objects, so every rank sees exactly what
+the driver planned.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from kvserve.interfaces import KVCacheManager, SchedulerOutput
+    from kvserve.lora.layers import SlotLoad
     from kvserve.request import Request
 
 TokenMetadataSource = Callable[["Request"], int]
@@ -52,6 +54,9 @@ class StepInput:
     keep_hidden_states: bool = False
     """Hand back the model's final hidden states of the sample positions too (a speculative-decoding
     proposer that drafts from them asked for them)."""
+    lora_loads: tuple[SlotLoad, ...] = ()
+    """LoRA adapters to put into slots before the forward (the host's
+    :meth:`~kvserve.lora.manager.LoRAManager.activate` chose them): each rank loads its shard."""
 
     def __post_init__(self) -> None:
         num_chunks, num_tokens = len(self.context_lens), len(self.token_ids)
@@ -85,11 +90,12 @@ class StepInput:
         kv_cache_manager: KVCacheManager,
         token_metadata: Mapping[str, TokenMetadataSource] | None = None,
         keep_hidden_states: bool = False,
+        lora_loads: tuple[SlotLoad, ...] = (),
     ) -> StepInput:
         """The step of ``plan``: block tables from ``kv_cache_manager`` (after scheduling, so they
         cover the chunks), sample positions at the last ``1 + num_lookahead`` tokens of every chunk
         that completes its sequence, and per name of ``token_metadata`` each token's value from its request;
-        ``keep_hidden_states`` as the field."""
+        ``keep_hidden_states`` and ``lora_loads`` as the fields."""
         scheduled = plan.scheduled
         num_chunks = len(scheduled)
         counts = np.fromiter((item.num_tokens for item in scheduled), np.int64, num_chunks)
@@ -127,4 +133,5 @@ class StepInput:
             prompt_logit_spans=spans,
             token_metadata=metadata,
             keep_hidden_states=keep_hidden_states,
+            lora_loads=lora_loads,
         )

@@ -80,6 +80,8 @@ class DraftModelProposer(DraftProposer):
                 ),
                 "quantization": engine.quantization.model_copy(update={"quantization": o.quantization}),
                 "cache": engine.cache.model_copy(update={"enable_prefix_caching": False}),
+                # The draft proposes as the base model: no LoRA slots (the target verifies with the adapters).
+                "lora": engine.lora.model_copy(update={"enable_lora": False}),
             }
         )
         settings = ModelSettings.resolve(config, target.platform, source.hf_config)

@@ -67,6 +67,67 @@ def assert_matches_reference(got, expected, min_matching: int = 28, logprob_boun
     return lengths
 
 
+LORA_ADAPTERS = {  # name -> LoraConfig fields: every projection, a rank below max_lora_rank, rsLoRA
+    "qv-r8": {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]},
+    "all-r4-rslora": {
+        "r": 4,
+        "lora_alpha": 8,
+        "use_rslora": True,
+        "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    },
+}
+
+
+def dense_checkpoint(reference: Any, base: Path, out: Path) -> Path:
+    """``base`` (an HF checkpoint directory: config, tokenizer) with the weights of ``reference``, an HF
+    model of its architecture holding the weights a quantized checkpoint encodes: the fp32 model that
+    ``peft`` adapters are made over and ``PeftModel`` runs."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(base, out)
+    state = reference.state_dict()
+    weights = {name: state[name].float().contiguous() for name in load_file(Path(base) / "model.safetensors")}
+    save_file(weights, Path(out) / "model.safetensors", metadata={"format": "pt"})
+    return Path(out)
+
+
+def assert_lora_matches_peft(
+    llm: Any, dense: Path, prompt_ids: list[list[int]], adapter_root: Path, logprob_bound: float = 1e-3
+) -> None:
+    """Adapters made with the real ``peft`` over ``dense`` (:data:`LORA_ADAPTERS`, A and B random),
+    run by ``llm`` (the quantized checkpoint, ``enable_lora``) mixed with base rows in one batch: every
+    row's :data:`NEW_TOKENS` greedy tokens identical to HF ``generate`` over ``dense`` (under
+    ``PeftModel`` for an adapter's), their logprobs within ``logprob_bound``."""
+    from kvserve import SamplingParams
+    from kvserve.lora import LoRARequest
+    from kvserve.testing import hf_models
+
+    adapters = {
+        name: hf_models.build_lora_adapter(dense, Path(adapter_root) / name, seed, scale=0.1, **fields)
+        for seed, (name, fields) in enumerate(LORA_ADAPTERS.items())
+    }
+    requests = {name: LoRARequest(name, i + 1, str(path)) for i, (name, path) in enumerate(adapters.items())}
+    jobs = [(name, i) for i in range(len(prompt_ids)) for name in [None, *adapters]]
+    params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, min_tokens=NEW_TOKENS, logprobs=0)
+    outputs = llm.generate(
+        [prompt_ids[i] for _, i in jobs], params, use_tqdm=False,
+        lora_request=[None if name is None else requests[name] for name, _ in jobs],
+    )  # fmt: skip
+    reference = {
+        name: hf_models.hf_greedy(dense, prompt_ids, NEW_TOKENS, adapters.get(name)) for name in [None, *adapters]
+    }
+    for (name, i), output in zip(jobs, outputs, strict=True):
+        tokens, logprobs = reference[name][i]
+        got = output.outputs[0]
+        assert got.token_ids == tokens, f"adapter {name}, prompt {i}: {got.token_ids} != PeftModel's {tokens}"
+        worst = max(abs(entry[t].logprob - ref) for entry, t, ref in zip(got.logprobs, got.token_ids, logprobs))
+        assert worst <= logprob_bound, f"adapter {name}, prompt {i}: a logprob differs by {worst:.3g}"
+    for name in adapters:  # the adapters change the model: the comparison is of something
+        assert any(reference[name][i][0] != reference[None][i][0] for i in range(len(prompt_ids))), name
+
+
 def linear_bytes(model: torch.nn.Module, checkpoint: Path) -> tuple[int, int]:
     """``(resident bytes of the model's linear layers, bytes of their tensors in the checkpoint)``."""
     from safetensors import safe_open

@@ -1,7 +1,8 @@
 """Real AWQ checkpoints, packed by AutoAWQ's own ``WQLinear_GEMM.from_linear``, through the
 engine: greedy tokens and logprobs against HF transformers running the weights AutoAWQ's
-``dequantize_gemm`` gives in fp32, resident bytes against the format's, config refusals, and
-two tensor-parallel ranks against one."""
+``dequantize_gemm`` gives in fp32, resident bytes against the format's, config refusals,
+two tensor-parallel ranks against one, and LoRA adapters over the packed base against ``peft``'s
+``PeftModel`` over the dequantized one."""
 
 from __future__ import annotations
 
@@ -17,7 +18,15 @@ from kvserve import LLM
 from kvserve.errors import ConfigError, WorkerError
 from kvserve.testing.hf_models import build_tiny_model
 from kvserve.testing.parallel import greedy_tokens
-from kvserve.testing.quant_parity import PROMPTS, assert_matches_reference, hf_greedy, kvserve_greedy, linear_bytes
+from kvserve.testing.quant_parity import (
+    PROMPTS,
+    assert_lora_matches_peft,
+    assert_matches_reference,
+    dense_checkpoint,
+    hf_greedy,
+    kvserve_greedy,
+    linear_bytes,
+)
 
 LOGPROB_BOUND = 1e-3
 """Same dequantized weights in fp32 on both sides: only summation order differs."""
@@ -101,3 +110,16 @@ def test_awq_on_two_tensor_parallel_ranks_matches_one(autoawq, tmp_path):
         r"tensor-parallel rank's share of the 32 input features of model\.layers\.0\.self_attn\.o_proj",
     ):
         greedy_tokens(path, prompt_ids, tensor_parallel_size=2)
+
+
+def test_lora_over_awq_matches_peft_over_the_dequantized_model(autoawq, tmp_path):
+    """Adapters on every projection, the packed layers' output plus the LoRA term: 32 greedy tokens of
+    each adapter and base row identical to PeftModel over the fp32 weights AutoAWQ dequantizes to."""
+    base = build_tiny_model("llama", tmp_path / "base", randomize_vectors=True)
+    path, reference = awq_checkpoint(autoawq, base, tmp_path / "awq", 32)
+    dense = dense_checkpoint(reference, base, tmp_path / "dense")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    prompt_ids = [tokenizer.encode(p) for p in PROMPTS]
+    llm = LLM(str(path), dtype="float32", max_model_len=128, num_kv_blocks=64, enable_lora=True, max_loras=2)
+    assert_lora_matches_peft(llm, dense, prompt_ids, tmp_path / "adapters", logprob_bound=LOGPROB_BOUND)
+    assert llm.engine.model.model.layers[0].mlp.down_proj.qweight.dtype == torch.int32, "the base stays packed"

@@ -20,7 +20,15 @@ from safetensors.torch import load_file, save_file
 
 from kvserve import LLM
 from kvserve.testing.hf_models import build_tiny_model
-from kvserve.testing.quant_parity import PROMPTS, assert_matches_reference, hf_greedy, kvserve_greedy, linear_bytes
+from kvserve.testing.quant_parity import (
+    PROMPTS,
+    assert_lora_matches_peft,
+    assert_matches_reference,
+    dense_checkpoint,
+    hf_greedy,
+    kvserve_greedy,
+    linear_bytes,
+)
 
 LOGPROB_BOUND = 1e-3
 """Same dequantized weights in fp32 on both sides: only summation order differs."""
@@ -132,9 +140,9 @@ def test_vllm_style_fp8_checkpoint_matches_hf(base, tmp_path):
     assert abs(resident / stored - 1) <= 0.1, f"resident linear bytes {resident} vs checkpoint {stored}"
 
 
-def test_online_fp8_matches_hf_on_fp8_rounded_weights(base):
-    """``quantization="fp8"`` on an fp32 checkpoint: the reference is HF with the weights rounded
-    through compressed-tensors' per-tensor FP8 fake quantization, one scale per kvserve layer."""
+def online_fp8_reference(base):
+    """HF over ``base`` with the weights rounded through compressed-tensors' per-tensor FP8 fake
+    quantization, one scale per kvserve layer (as ``quantization="fp8"`` rounds them)."""
     pytest.importorskip("compressed_tensors", reason="compressed-tensors rounds the reference weights")
     from compressed_tensors.quantization import QuantizationArgs
     from compressed_tensors.quantization.lifecycle.forward import fake_quantize
@@ -157,11 +165,41 @@ def test_online_fp8_matches_hf_on_fp8_rounded_weights(base):
             scale, zero = calculate_qparams(low, high, args)
             for module in group:
                 module.weight.data = fake_quantize(module.weight.data, scale, zero, args)
+    return reference.eval()
+
+
+def test_online_fp8_matches_hf_on_fp8_rounded_weights(base):
+    """``quantization="fp8"`` on an fp32 checkpoint: the reference is HF with the weights rounded
+    through compressed-tensors' per-tensor FP8 fake quantization, one scale per kvserve layer."""
+    reference = online_fp8_reference(base)
     prompt_ids = _prompt_ids(base)
     llm = _engine(base, quantization="fp8")
     lengths = assert_matches_reference(
-        kvserve_greedy(llm, prompt_ids), hf_greedy(reference.eval(), prompt_ids), logprob_bound=LOGPROB_BOUND
+        kvserve_greedy(llm, prompt_ids), hf_greedy(reference, prompt_ids), logprob_bound=LOGPROB_BOUND
     )
     print(f"online fp8: matching greedy tokens per prompt {lengths} of 32")
     layer = llm.engine.model.model.layers[0].mlp.down_proj
     assert layer.weight.dtype == torch.float8_e4m3fn and layer.weight_scale.dtype == torch.float32
+
+
+def test_lora_over_online_fp8_matches_peft_over_the_rounded_model(base, tmp_path):
+    """Adapters over ``quantization="fp8"``: 32 greedy tokens of each adapter and base row identical to
+    PeftModel over the FP8-rounded fp32 weights."""
+    dense = dense_checkpoint(online_fp8_reference(base), base, tmp_path / "dense")
+    llm = _engine(base, quantization="fp8", enable_lora=True, max_loras=2)
+    assert_lora_matches_peft(llm, dense, _prompt_ids(base), tmp_path / "adapters", logprob_bound=LOGPROB_BOUND)
+    assert llm.engine.model.model.layers[0].self_attn.qkv_proj.weight.dtype == torch.float8_e4m3fn
+
+
+def test_lora_over_a_compressed_tensors_checkpoint_matches_peft(base, tmp_path):
+    """Adapters over a compressed-tensors FP8 checkpoint (per-channel, down_proj left unquantized, so FP8
+    and dense layers both take LoRA): 32 greedy tokens identical to PeftModel over the fp32 weights
+    transformers decompresses."""
+    path = compressed_tensors_checkpoint(base, tmp_path / "ct", "FP8_DYNAMIC", ["lm_head", "re:.*down_proj"])
+    reference = transformers.AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float32, quantization_config=transformers.CompressedTensorsConfig(run_compressed=False)
+    )
+    dense = dense_checkpoint(reference, base, tmp_path / "dense")
+    llm = _engine(path, enable_lora=True, max_loras=2)
+    assert_lora_matches_peft(llm, dense, _prompt_ids(path), tmp_path / "adapters", logprob_bound=LOGPROB_BOUND)
+    assert llm.engine.model.model.layers[0].mlp.up_proj.weight.dtype == torch.float8_e4m3fn

@@ -7,8 +7,11 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
+from kvserve.forward_context import ForwardContext, current_forward_context
 from kvserve.interfaces import Platform, QuantizationMethod
 from kvserve.layers import ColumnLinear, MergedColumnLinear, load_checkpoint
+from kvserve.lora.layers import LORA_SLOT, LoRASlots, SlotLoad
+from kvserve.lora.torch_kernel import TorchLoRAKernel
 from kvserve.plugins import get_plugin_manager, load_component
 from kvserve.runner.build import default_dtype  # build as the runner builds
 from kvserve.testing.contracts._base import ComponentContract
@@ -55,7 +58,11 @@ class QuantizationMethodContract(ComponentContract):
     - the resident bytes after loading stay within :attr:`max_resident_ratio` of the checkpoint's;
     - against the original float weight the error stays within :attr:`max_error` (the method's
       accuracy, which the quantize/dequantize pair defines);
-    - one method instance serves many layers without mixing up their weights.
+    - one method instance serves many layers without mixing up their weights;
+    - with LoRA slots beside the layer (``kvserve.lora.layers.LoRASlots``, as ``enable_lora`` gives
+      every linear layer), an adapter's shapes are checked against the checkpoint's (unpacked)
+      features, its tokens get ``apply``'s output plus ``(x A) B`` (within
+      :attr:`reference_tolerance`) and the base tokens beside them exactly ``apply``'s output.
     """
 
     kind = "quantization_method"
@@ -267,4 +274,41 @@ class QuantizationMethodContract(ComponentContract):
         assert resident <= self.max_resident_ratio * stored, (
             f"the loaded layer holds {resident} bytes for a checkpoint of {stored} bytes "
             f"(more than {self.max_resident_ratio}x): weights should stay in the format's size"
+        )
+
+    def test_lora_adds_its_term_to_the_quantized_output(self, component, platform, shape, dtype):
+        """LoRA over the quantized layer: ``y = apply(x) + (x A) B`` for an adapter's tokens, ``apply(x)``
+        for the base tokens of the same batch; the slots take the checkpoint's feature counts."""
+        method = component(self.quant_config)
+        self.require_supported(method, platform, dtype)
+        tensors = self.checkpoint(*shape, False, seed=7)
+        layer = self.build_layer(component, method, shape, False, dtype, tensors, platform)
+        holder = torch.nn.Module()
+        holder.layer = layer
+        slots = LoRASlots(holder, platform.lora_kernel() or TorchLoRAKernel(), max_loras=2, max_rank=8)
+        assert slots.targets == {"layer": shape}, (
+            f"LoRA slots see the layer as {slots.targets['layer']} (in, out) features; the checkpoint's are {shape}"
+        )
+        gen = torch.Generator().manual_seed(8)
+        a = torch.randn(4, shape[0], generator=gen) * shape[0] ** -0.5
+        b = torch.randn(shape[1], 4, generator=gen) * 0.5
+        slots.load([SlotLoad(1, {"layer": (a, b)})])
+        x = torch.randn(6, shape[0], generator=gen).to(getattr(torch, dtype))
+        token_slots = torch.tensor([-1, 1, 1, -1, 1, -1])
+
+        def run(slot_of_token: torch.Tensor) -> torch.Tensor:
+            ctx = ForwardContext(None, None, None, [], {LORA_SLOT: slot_of_token})
+            with torch.no_grad(), current_forward_context(ctx):
+                return layer(x)
+
+        y, base = run(token_slots), run(torch.full_like(token_slots, -1))
+        adapted = token_slots >= 0
+        assert y.dtype == x.dtype and torch.equal(y[~adapted], base[~adapted]), (
+            "a base token's output changed when adapter tokens ran beside it"
+        )
+        expected = self.reference(tensors, x) + (x.double() @ a.double().T) @ b.double().T
+        error = relative_error(y[adapted], expected[adapted])
+        assert error <= self.reference_tolerance[dtype], (
+            f"with LoRA, apply(x) + (x A) B differs from the dequantized reference by {error:.3g} (relative), "
+            f"more than {self.reference_tolerance[dtype]} for {dtype}"
         )
