@@ -72,7 +72,7 @@ def run_kernel(kernel: str, model: Path, adapters: list[Path], args: argparse.Na
         for request in requests:
             llm.engine.load_lora(request)
         load_ms = (time.perf_counter() - start) * 1000 / max(len(requests), 1)
-        print(f"[{kernel}] lora_kernel={llm.engine.lora.step.kernel.name}; reading an adapter: {load_ms:.0f} ms")
+        print(f"[{kernel}] lora_kernel={llm.engine.executor.info.lora_kernel}; reading an adapter: {load_ms:.0f} ms")
         prompt_ids = chat_prompt_ids(llm.get_tokenizer(), args.prompts)
         # Warm-up: every adapter's slot filled, prefill and decode through the kernel once.
         llm.generate(
