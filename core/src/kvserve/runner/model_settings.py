@@ -12,7 +12,7 @@ from kvserve.config import AUTO, EngineConfig
 from kvserve.errors import ConfigError
 from kvserve.interfaces import Platform, QuantizationMethod
 from kvserve.layers import UnquantizedLinearMethod
-from kvserve.plugins import load_component
+from kvserve.plugins import get_plugin_manager, load_component
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,9 @@ def _quant_method(config: EngineConfig, hf_config: Any) -> QuantizationMethod:
         if not checkpoint:
             return UnquantizedLinearMethod()
         choice = checkpoint["quant_method"] if isinstance(checkpoint, dict) else checkpoint.quant_method
+        dequantizable = isinstance(checkpoint, dict) and checkpoint.get("dequantizable", False)
+        if dequantizable and choice not in get_plugin_manager().registry("quantization_method").names():
+            return UnquantizedLinearMethod()  # e.g. a GGUF without the gguf plugin: dequantized at load
     if choice == "none":
         return UnquantizedLinearMethod()
     if checkpoint is not None and not isinstance(checkpoint, dict):
