@@ -11,6 +11,8 @@ from kvserve_quant_gguf.ggml import FORMATS, BlockFormat
 
 PARAM = "qweight"
 """The layer's parameter: every shard's blocks, flat uint8, shard after shard (the GGUF loader's name)."""
+KERNEL_ROWS = 8
+"""Rows up to which the kernel's integer dot products run; more rows dequantize once and run a GEMM."""
 
 
 class GGUFLinearMethod(QuantizationMethod):
@@ -20,7 +22,10 @@ class GGUFLinearMethod(QuantizationMethod):
 
     ``quant_config`` is what ``kvserve.loader`` reads from the file: ``tensor_types`` maps each
     weight's HF module name to its GGML type name; ``split_count`` how many files the model spans.
-    Each forward dequantizes the layer's shards into the activation dtype and runs one matmul.
+    A forward dequantizes the layer's shards into the activation dtype and runs one matmul. Where
+    the platform's ``LinearKernel`` multiplies every shard's type (``ggml_types``), rows of a decode
+    step (up to :data:`KERNEL_ROWS`) go to it instead, with bfloat16/float16 activations only:
+    it quantizes the activations per block as llama.cpp does, and float32 asks for the exact product.
     """
 
     name = "gguf"
@@ -62,18 +67,32 @@ class GGUFLinearMethod(QuantizationMethod):
             offsets.append(offsets[-1] + rows * fmt.row_bytes(input_size))
         blocks = torch.empty(offsets[-1], dtype=torch.uint8)
         layer.add_param(PARAM, blocks, ParamLoading(shard_offsets=tuple(offsets)))
-        layer.ggml_formats = formats
+        layer.ggml_shards = list(zip(formats, output_sizes, offsets[:-1], offsets[1:], strict=True))
+        """Per shard: its format, output features and byte range in ``qweight``."""
+        layer.ggml_kernel = None
+        """The platform's LinearKernel where it multiplies every shard's type (:meth:`use_linear_kernel`)."""
+
+    def use_linear_kernel(self, layer, kernel) -> bool:
+        """Take the kernel's integer dot products for decode rows where it runs every shard's type and
+        the activations are not float32 (whose results stay those of the dequantized weight)."""
+        if layer.params_dtype == torch.float32 or any(f.name not in kernel.ggml_types for f, *_ in layer.ggml_shards):
+            return False
+        layer.ggml_kernel = kernel
+        return True
 
     def dequantize(self, layer: torch.nn.Module, dtype: torch.dtype) -> torch.Tensor:
         """The layer's ``[out_features, in_features]`` weight in ``dtype``, shard by shard."""
-        blocks = layer.qweight
-        tiles, start = [], 0
-        for fmt, rows in zip(layer.ggml_formats, layer.output_sizes, strict=True):
-            size = rows * fmt.row_bytes(layer.input_size)
-            tiles.append(fmt.dequantize(blocks[start : start + size], layer.input_size, dtype))
-            start += size
+        tiles = [fmt.dequantize(layer.qweight[a:b], layer.input_size, dtype) for fmt, _, a, b in layer.ggml_shards]
         return tiles[0] if len(tiles) == 1 else torch.cat(tiles)
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """``x @ W.T + bias`` with ``W`` dequantized into ``x``'s dtype for this call only."""
-        return F.linear(x, self.dequantize(layer, x.dtype), bias)
+        """``x @ W.T + bias``: on the kernel for a few rows, else ``W`` dequantized into ``x``'s dtype
+        for this call only."""
+        rows = x.reshape(-1, x.shape[-1])
+        if layer.ggml_kernel is None or rows.shape[0] > KERNEL_ROWS:
+            return F.linear(x, self.dequantize(layer, x.dtype), bias)
+        kernel = layer.ggml_kernel
+        parts = [kernel.apply_ggml(rows, layer.qweight[a:b], fmt.name, n) for fmt, n, a, b in layer.ggml_shards]
+        y = (parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)).to(x.dtype)
+        y = y.view(*x.shape[:-1], -1)
+        return y if bias is None else y + bias
