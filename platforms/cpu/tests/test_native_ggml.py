@@ -69,11 +69,16 @@ def test_products_match_the_integer_reference(path, type_name, m, n, k):
     assert error < 0.02, f"the int8 activations move the product by {error:.3g} (relative)"
 
 
-def test_the_path_is_selectable(monkeypatch):
-    monkeypatch.setenv("KVSERVE_CPU_GGML_PATH", "portable")
-    assert NativeLinearKernel(kernel.dtypes, None).ggml_path == "portable"
-    monkeypatch.delenv("KVSERVE_CPU_GGML_PATH")
-    assert NativeLinearKernel(kernel.dtypes, None).ggml_path == ("vnni" if VNNI else "portable")
+def test_the_path_is_selectable():
+    """VNNI by default where the build has it; ``ggml_path = "portable"`` runs the portable loop."""
+    fresh = NativeLinearKernel(kernel.dtypes, None)
+    assert fresh.ggml_types and fresh.ggml_path == ("vnni" if VNNI else "portable")
+    blocks, _ = weight_blocks("Q8_0", 16, 64, seed=7)
+    x = torch.randn(1, 64, generator=torch.Generator().manual_seed(8))
+    data = torch.from_numpy(blocks.reshape(-1))
+    fresh.ggml_path = "portable"
+    portable = torch.ops.kvserve_cpu_ggml.ggml_linear(x, data, 8, 16, False)
+    assert torch.equal(fresh.apply_ggml(x, data, "Q8_0", 16), portable)
 
 
 def test_apply_ggml_quantizes_activations_of_any_float_dtype():

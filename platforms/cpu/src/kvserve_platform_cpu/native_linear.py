@@ -22,8 +22,8 @@ included, the quantization method keeps its own path: the weight dequantized per
 
 GGUF weights (GGML blocks, ``csrc/ggml.cpp``): :meth:`NativeLinearKernel.apply_ggml` multiplies
 Q8_0 and Q4_1 blocks as the file stores them by rows quantized per 32-block to int8, as llama.cpp
-does (AVX-512 VNNI where the CPU has it, a portable loop elsewhere or with
-``KVSERVE_CPU_GGML_PATH=portable``); built when a GGUF model first asks for it.
+does (AVX-512 VNNI where the CPU has it, a portable loop elsewhere or where ``ggml_path`` says
+``"portable"``); built when a GGUF model first asks for it.
 
 Built on first use by :mod:`kvserve_cpu_native`; where it cannot be, oneDNN's kernel serves every dtype
 and the start-up log says why.
@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from pathlib import Path
 
 import torch
@@ -117,9 +116,8 @@ class NativeLinearKernel(LinearKernel):
 
     @functools.cached_property
     def ggml_path(self) -> str:
-        """``vnni`` where the build has AVX-512 VNNI, unless ``KVSERVE_CPU_GGML_PATH=portable``; else ``portable``."""
-        if os.environ.get("KVSERVE_CPU_GGML_PATH") == "portable":
-            return "portable"
+        """``vnni`` where the build has AVX-512 VNNI, else ``portable``; assign ``"portable"`` to run
+        the portable loop on a VNNI CPU (the tests compare both)."""
         return "vnni" if torch.ops.kvserve_cpu_ggml.has_vnni() else "portable"
 
     def apply_ggml(self, x: torch.Tensor, blocks: torch.Tensor, ggml_type: str, out_features: int) -> torch.Tensor:
