@@ -47,14 +47,13 @@ class GGUFSource(ModelSource):
     """The fix-ups of that architecture, from the model plugin that registered it."""
     reader: gguf.GGUFReader = field(repr=False)
     """Kept open (memory-mapped): parsing a GGUF's metadata takes seconds."""
+    hf_names: dict[str, str] = field(repr=False)
+    """GGUF tensor name -> HF parameter name."""
 
     @property
     def num_tensors(self) -> int:
         """How many tensors :meth:`weights` yields (for progress bars)."""
         return sum(tensor.name not in DERIVED_TENSORS for tensor in self.reader.tensors)
-
-    hf_names: dict[str, str] = field(repr=False)
-    """GGUF tensor name -> HF parameter name."""
 
     def weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield float32 tensors under HF names, as the architecture's fix-ups restore them."""

@@ -25,3 +25,8 @@ def test_a_layer_without_a_tensor_and_a_partial_block_are_refused():
         ColumnLinear(256, 64, False, method, "b")
     with pytest.raises(ConfigError, match="a has 128 input features, not a multiple of Q4_K's 256-weight blocks"):
         ColumnLinear(128, 64, False, method, "a")
+
+
+def test_a_model_that_is_not_a_gguf_file_is_refused():
+    with pytest.raises(ConfigError, match="the model is not a GGUF file"):
+        GGUFLinearMethod(None)

@@ -31,9 +31,14 @@ class GGUFLinearMethod(QuantizationMethod):
     name = "gguf"
 
     def __init__(self, quant_config=None) -> None:
-        """Refuse a model split over several files (the loader reads one file)."""
+        """Refuse a model that is not one GGUF file (the loader reads one file and names its types)."""
         super().__init__(quant_config)
-        self.tensor_types: dict[str, str] = self.quant_config.get("tensor_types", {})
+        if "tensor_types" not in self.quant_config:
+            raise ConfigError(
+                "quantization: gguf keeps a .gguf file's GGML blocks, and the model is not a GGUF file (the "
+                "embedded default loads from its float32 conversion: give its .gguf path to load it packed)"
+            )
+        self.tensor_types: dict[str, str] = self.quant_config["tensor_types"]
         split_count = self.quant_config.get("split_count", 1)
         if split_count > 1:
             raise ConfigError(
