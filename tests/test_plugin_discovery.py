@@ -206,7 +206,7 @@ def test_install_hints_come_from_package_metadata_and_the_naming_convention(monk
     with pytest.raises(
         PluginError,
         match=r"no quantization method plugin installed: pip install kvserve-quant-awq "
-        r"\(installed here but not loaded: kvserve-quant-awq, kvserve-quant-fp8\)",
+        r"\(installed here but not loaded: kvserve-quant-awq, kvserve-quant-fp8, kvserve-quant-gguf\)",
     ):
         manager.registry("quantization_method").load("awq")
     body = """

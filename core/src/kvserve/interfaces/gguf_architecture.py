@@ -35,5 +35,9 @@ class GGUFArchitecture:
     def fix_tensor(self, hf_name: str, weight: Any, hf_config: Any) -> Any:
         """The HF checkpoint's tensor ``hf_name`` from the dequantized float32 ``weight`` the file stores
         under its GGUF name: undo what llama.cpp's converter did to it (may modify ``weight`` in place
-        and return it). The base class returns ``weight`` unchanged."""
+        and return it). The base class returns ``weight`` unchanged.
+
+        A linear layer that keeps the file's GGML blocks (``quantization="gguf"``) gets its weight as
+        raw bytes, uint8 ``[out_features, bytes_per_row]``: a fix-up of such a weight may only reorder
+        its rows (any other change needs the dequantized values; raise ``ValueError`` for it)."""
         return weight

@@ -25,6 +25,10 @@ class LinearKernel(ABC):
     keeps its layer's weight in that format and computes through :meth:`apply_quantized`.
     """
 
+    ggml_types: frozenset[str] = frozenset()
+    """GGML block types (gguf's names, e.g. ``"Q8_0"``) :meth:`apply_ggml` multiplies; empty (the
+    default): none, and a GGUF's layers keep their quantization method's own path."""
+
     name: str
     """Short name for the start-up line and ``kvserve bench`` (e.g. ``"onednn"``), read after
     packing: a class attribute, or set per instance where it depends on what :meth:`pack` took."""
@@ -70,3 +74,11 @@ class LinearKernel(ABC):
         scale it was given; a new contiguous tensor of ``x``'s dtype. Under ``torch.compile`` the same
         rule as :meth:`apply`: one opaque op with a fake implementation."""
         raise NotImplementedError(f"{type(self).__name__} packs no quantized weights")
+
+    def apply_ggml(self, x: torch.Tensor, blocks: torch.Tensor, ggml_type: str, out_features: int) -> torch.Tensor:
+        """``x @ W.T`` for rows ``x`` ``[M, in_features]`` and a weight ``[out_features, in_features]`` held
+        as a GGUF holds it: ``blocks`` is the flat uint8 of its GGML blocks of ``ggml_type`` (one of
+        :attr:`ggml_types`), row after row. A kernel may quantize the activations per block as
+        llama.cpp does (integer dot products), so the result approximates the dequantized product;
+        a new float32 ``[M, out_features]`` tensor."""
+        raise NotImplementedError(f"{type(self).__name__} multiplies no GGML blocks")

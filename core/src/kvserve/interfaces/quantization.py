@@ -43,6 +43,11 @@ class ParamLoading:
     input_replicated: bool = False
     """The parameter does not grow with the input features (a bias, a per-tensor or per-channel
     scale, a static activation scale): every row-parallel rank loads it whole."""
+    shard_offsets: tuple[int, ...] | None = None
+    """Where each shard starts along ``output_dim`` in elements, and where the last one ends, when
+    shards pack at different rates (a GGUF keeps each fused shard's own block type, so a fused
+    layer's bytes per output feature differ by shard): overrides the offsets ``output_sizes`` and
+    :attr:`packed_factor` give. Such a parameter cannot be split across tensor-parallel ranks."""
 
 
 class QuantizationMethod(ABC):

@@ -22,7 +22,7 @@ from kvserve.layers.linear import (
     RowLinear,
     UnquantizedLinearMethod,
 )
-from kvserve.layers.loading import load_checkpoint
+from kvserve.layers.loading import checkpoint_targets, load_checkpoint
 from kvserve.layers.norm import RMSNorm
 from kvserve.layers.packed_linear import PackedLinearMethod, pack_linear_weights
 from kvserve.layers.rotary import RotaryEmbedding
@@ -50,6 +50,7 @@ __all__ = [
     "UnquantizedLinearMethod",
     "VocabEmbedding",
     "attention_layers",
+    "checkpoint_targets",
     "gated_activation",
     "head_dim_of",
     "load_checkpoint",

@@ -115,6 +115,9 @@ class LinearBase(torch.nn.Module):
             target = param.narrow(0, shard, 1)
         elif loading.output_dim is None:
             target = param
+        elif loading.shard_offsets is not None:
+            start, end = loading.shard_offsets[shard], loading.shard_offsets[shard + 1]
+            target = param.narrow(loading.output_dim, start, end - start)
         else:
             start, size = sum(self.output_sizes[:shard]), self.output_sizes[shard]
             if start % loading.packed_factor or size % loading.packed_factor:
@@ -134,6 +137,11 @@ class LinearBase(torch.nn.Module):
         """This rank's part of the checkpoint tensor (all of it without tensor parallelism)."""
         if distributed.world_size() == 1:
             return tensor
+        if loading.shard_offsets is not None:
+            raise WeightLoadError(
+                f"{tensor_name}: quantization method {self.quant_method.name!r} packs shards at different "
+                "rates, which this loader cannot split across tensor-parallel ranks"
+            )
         if self.shard_slices is not None and loading.output_dim is not None:
             start, size = self.shard_slices[shard]
             if start % loading.packed_factor or size % loading.packed_factor:

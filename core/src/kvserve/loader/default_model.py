@@ -73,6 +73,7 @@ def convert_gguf_to_hf_directory(gguf_path: Path, target: Path) -> None:
         progress = tqdm(source.weights(), total=source.num_tensors, unit="tensor", file=sys.stderr)
         save_file(dict(progress), staging / "model.safetensors", metadata={"format": "pt"})
         source.hf_config.dtype = "float32"  # what model.safetensors holds
+        del source.hf_config.quantization_config  # the directory holds dequantized weights
         source.hf_config.save_pretrained(staging)
         source.tokenizer.save_pretrained(staging)
         (staging / COMPLETE_MARKER).write_text(f"converted from {gguf_path}\n")

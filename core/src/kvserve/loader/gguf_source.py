@@ -1,15 +1,21 @@
-"""GGUF files (llama.cpp): dequantized tensors under their HF names, with llama.cpp's changes undone.
+"""GGUF files (llama.cpp): tensors under their HF names, with llama.cpp's changes undone.
+
+Opened, a GGUF declares itself quantized (``hf_config.quantization_config``, ``quant_method``
+``"gguf"``, with each linear weight's GGML type), so ``quantization="auto"`` keeps the linear
+layers in the file's blocks where the ``gguf`` method is installed; ``quantization="none"``
+dequantizes every tensor to float32 while streaming.
 
 What differs between architectures (q/k row order, constants folded into weights, config the
 transformers GGUF reader drops) comes from the model plugins: ``register_gguf_architectures``."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import gguf
+import numpy as np
 import torch
 import transformers
 from transformers import AutoConfig, AutoModelForCausalLM
@@ -25,6 +31,10 @@ KIND = "gguf_architecture"
 
 # Tensors llama.cpp precomputes from the config; HF models derive them and store nothing.
 DERIVED_TENSORS = {"rope_freqs.weight"}
+QUANT_METHOD = "gguf"
+"""The ``quant_method`` a GGUF's ``quantization_config`` names."""
+PACKED_PARAM = "qweight"
+"""The parameter under which a layer that keeps GGML blocks takes them (a flat uint8 tensor)."""
 
 
 @dataclass
@@ -37,6 +47,8 @@ class GGUFSource(ModelSource):
     """The fix-ups of that architecture, from the model plugin that registered it."""
     reader: gguf.GGUFReader = field(repr=False)
     """Kept open (memory-mapped): parsing a GGUF's metadata takes seconds."""
+    hf_names: dict[str, str] = field(repr=False)
+    """GGUF tensor name -> HF parameter name."""
 
     @property
     def num_tensors(self) -> int:
@@ -45,21 +57,37 @@ class GGUFSource(ModelSource):
 
     def weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield float32 tensors under HF names, as the architecture's fix-ups restore them."""
-        hf_names = hf_names_by_gguf_name(self.hf_config, self.architecture)
+        return self.weights_for(())
+
+    def weights_for(self, takes: Container[str]) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield the tensors under HF names, as the architecture's fix-ups restore them: a weight
+        whose layer takes ``<module>.qweight`` as its GGML blocks (the file's bytes, a flat uint8
+        tensor, rows reordered by the fix-ups where llama.cpp reordered them), any other dequantized
+        to float32."""
         for tensor in self.reader.tensors:
             if tensor.name in DERIVED_TENSORS:
                 continue
-            hf_name = hf_names.get(tensor.name)
+            hf_name = self.hf_names.get(tensor.name)
             if hf_name is None:
                 raise ModelLoadError(f"{self.path}: GGUF tensor {tensor.name!r} has no HF parameter name")
+            module, _, suffix = hf_name.rpartition(".")
+            packed_name = f"{module}.{PACKED_PARAM}"
+            if suffix == "weight" and packed_name in takes:
+                rows = int(tensor.shape[-1]) if len(tensor.shape) > 1 else 1
+                # One copy out of the read-only memory map; the rows are fixed up as raw bytes.
+                blocks = torch.from_numpy(np.array(tensor.data).view(np.uint8).reshape(rows, -1))
+                yield packed_name, self._fix(tensor.name, hf_name, blocks).reshape(-1)
+                continue
             array = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
             # F32 tensors come back as views of the read-only memory map; torch needs writable memory.
             weight = torch.from_numpy(array if array.flags.writeable else array.copy())
-            try:
-                weight = self.fixups.fix_tensor(hf_name, weight, self.hf_config)
-            except ValueError as error:
-                raise ModelLoadError(f"{self.path}: GGUF tensor {tensor.name!r}: {error}") from error
-            yield hf_name, weight
+            yield hf_name, self._fix(tensor.name, hf_name, weight)
+
+    def _fix(self, gguf_name: str, hf_name: str, weight: torch.Tensor) -> torch.Tensor:
+        try:
+            return self.fixups.fix_tensor(hf_name, weight, self.hf_config)
+        except ValueError as error:
+            raise ModelLoadError(f"{self.path}: GGUF tensor {gguf_name!r}: {error}") from error
 
 
 def open_gguf(file: Path, tokenizer: str | None = None) -> GGUFSource:
@@ -80,6 +108,8 @@ def open_gguf(file: Path, tokenizer: str | None = None) -> GGUFSource:
         fixups.fix_config(lambda key: metadata_value(reader, key), hf_config)
     except ValueError as error:
         raise ModelLoadError(f"{file}: {error}") from error
+    hf_names = hf_names_by_gguf_name(hf_config, architecture)
+    hf_config.quantization_config = gguf_quantization_config(reader, hf_names)
     if tokenizer is None:
         hf_tokenizer = load_tokenizer(str(file.parent), gguf_file=file.name)
     else:
@@ -91,7 +121,21 @@ def open_gguf(file: Path, tokenizer: str | None = None) -> GGUFSource:
         architecture=architecture,
         fixups=fixups,
         reader=reader,
+        hf_names=hf_names,
     )
+
+
+def gguf_quantization_config(reader: gguf.GGUFReader, hf_names: dict[str, str]) -> dict:
+    """The file's ``quantization_config``: the GGML type name of every 2-D weight by HF module name
+    (``tensor_types``), how many files the model is split into (``split_count``), and
+    ``dequantizable``: without the ``gguf`` method installed, ``quantization="auto"`` dequantizes."""
+    types = {}
+    for tensor in reader.tensors:
+        hf_name = hf_names.get(tensor.name, "")
+        if hf_name.endswith(".weight") and len(tensor.shape) == 2:
+            types[hf_name.removesuffix(".weight")] = gguf.GGMLQuantizationType(tensor.tensor_type).name
+    split_count = metadata_value(reader, "split.count") or 1
+    return {"quant_method": QUANT_METHOD, "tensor_types": types, "split_count": split_count, "dequantizable": True}
 
 
 def gguf_architecture(architecture: str, file: Path) -> GGUFArchitecture:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -30,3 +30,10 @@ class ModelSource(ABC):
     @abstractmethod
     def weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield ``(HF parameter name, tensor)`` pairs one at a time, as stored (no dtype cast)."""
+
+    def weights_for(self, takes: Container[str]) -> Iterator[tuple[str, torch.Tensor]]:
+        """The weight stream for a model that takes the checkpoint names ``takes`` (its parameters'
+        names as ``kvserve.layers.checkpoint_targets`` lists them): :meth:`weights` unless the
+        source holds a quantized format that the model's quantization method reads as it is stored
+        (a GGUF's GGML blocks, which it then yields under the name the method registered)."""
+        return self.weights()

@@ -21,7 +21,14 @@ from kvserve.components import resolve_attention
 from kvserve.config import EngineConfig
 from kvserve.errors import ConfigError
 from kvserve.interfaces import AttentionBackend, LayerAttentionSpec, Platform
-from kvserve.layers import LinearBase, TorchLayerOps, attention_layers, pack_linear_weights, use_layer_ops
+from kvserve.layers import (
+    LinearBase,
+    TorchLayerOps,
+    attention_layers,
+    checkpoint_targets,
+    pack_linear_weights,
+    use_layer_ops,
+)
 from kvserve.lora.layers import LoRASlots
 from kvserve.lora.torch_kernel import TorchLoRAKernel
 from kvserve.plugins import load_component
@@ -43,7 +50,7 @@ def default_dtype(dtype: torch.dtype) -> Iterator[None]:
 
 
 def build_runner(config: EngineConfig, platform: Platform, source: Any, settings: ModelSettings) -> ModelRunner:
-    """The runner of ``source`` (an opened checkpoint: ``hf_config``, ``path``, ``weights()``) on
+    """The runner of ``source`` (an opened checkpoint: ``hf_config``, ``path``, ``weights_for()``) on
     ``platform``'s device: this rank's shard when :mod:`kvserve.distributed` is initialized.
 
     The backend exists before the cache is sized: it states what a block costs. Raises a
@@ -82,7 +89,7 @@ def _build_model(
         )
     with torch.device(platform.device()), default_dtype(settings.dtype):
         model = model_cls(source.hf_config, settings.quant_method)
-    model.load_weights(source.weights())
+    model.load_weights(source.weights_for(checkpoint_targets(model).keys()))
     for module in model.modules():
         if isinstance(module, LinearBase):
             module.quant_method.process_weights_after_loading(module)

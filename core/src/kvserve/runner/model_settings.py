@@ -12,7 +12,7 @@ from kvserve.config import AUTO, EngineConfig
 from kvserve.errors import ConfigError
 from kvserve.interfaces import Platform, QuantizationMethod
 from kvserve.layers import UnquantizedLinearMethod
-from kvserve.plugins import load_component
+from kvserve.plugins import get_plugin_manager, load_component
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,12 @@ def _quant_method(config: EngineConfig, hf_config: Any) -> QuantizationMethod:
         if not checkpoint:
             return UnquantizedLinearMethod()
         choice = checkpoint["quant_method"] if isinstance(checkpoint, dict) else checkpoint.quant_method
+        # A checkpoint that also loads dequantized (a GGUF) does so where its method is not installed,
+        # and under tensor parallelism (its packed shards of mixed block types do not split across ranks).
+        if isinstance(checkpoint, dict) and checkpoint.get("dequantizable", False):
+            installed = choice in get_plugin_manager().registry("quantization_method").names()
+            if not installed or config.parallel.tensor_parallel_size > 1:
+                return UnquantizedLinearMethod()
     if choice == "none":
         return UnquantizedLinearMethod()
     if checkpoint is not None and not isinstance(checkpoint, dict):

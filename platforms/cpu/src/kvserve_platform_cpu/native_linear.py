@@ -20,6 +20,11 @@ at a time into L1 buffers the tiles load; ``csrc/linear.cpp``), float32 and bflo
 scale per tensor or per output feature; on AVX-512 with VBMI only (elsewhere, AVX2-only CPUs
 included, the quantization method keeps its own path: the weight dequantized per layer).
 
+GGUF weights (GGML blocks, ``csrc/ggml.cpp``): :meth:`NativeLinearKernel.apply_ggml` multiplies
+Q8_0 and Q4_1 blocks as the file stores them by rows quantized per 32-block to int8, as llama.cpp
+does (AVX-512 VNNI where the CPU has it, a portable loop elsewhere or where ``ggml_path`` says
+``"portable"``); built when a GGUF model first asks for it.
+
 Built on first use by :mod:`kvserve_cpu_native`; where it cannot be, oneDNN's kernel serves every dtype
 and the start-up log says why.
 """
@@ -39,6 +44,10 @@ logger = logging.getLogger("kvserve")
 
 LIBRARY = "kvserve_cpu_linear"
 SOURCES = (Path(__file__).parent / "csrc" / "linear.cpp",)
+GGML_LIBRARY = "kvserve_cpu_ggml"
+GGML_SOURCES = (Path(__file__).parent / "csrc" / "ggml.cpp",)
+GGML_TYPE_IDS = {"Q4_1": 3, "Q8_0": 8}
+"""The GGML types ``csrc/ggml.cpp`` multiplies, by gguf's name -> ggml's type id."""
 
 
 class NativeLinearKernel(LinearKernel):
@@ -95,6 +104,26 @@ class NativeLinearKernel(LinearKernel):
     ) -> torch.Tensor:
         return self._fp8_linear(x, packed, scale.reshape(-1), bias)
 
+    @functools.cached_property
+    def ggml_types(self) -> frozenset[str]:
+        """Q8_0 and Q4_1 once ``csrc/ggml.cpp`` is built (on first use: only GGUF models pay for it)."""
+        reason = unavailable_reason(GGML_LIBRARY, GGML_SOURCES)
+        if reason is not None:
+            logger.warning("kvserve-platform-cpu: GGML kernel unavailable (GGUF layers dequantize): %s", reason)
+            return frozenset()
+        _register_ggml_fake()
+        return frozenset(GGML_TYPE_IDS)
+
+    @functools.cached_property
+    def ggml_path(self) -> str:
+        """``vnni`` where the build has AVX-512 VNNI, else ``portable``; assign ``"portable"`` to run
+        the portable loop on a VNNI CPU (the tests compare both)."""
+        return "vnni" if torch.ops.kvserve_cpu_ggml.has_vnni() else "portable"
+
+    def apply_ggml(self, x: torch.Tensor, blocks: torch.Tensor, ggml_type: str, out_features: int) -> torch.Tensor:
+        op = torch.ops.kvserve_cpu_ggml.ggml_linear.default
+        return op(x.float(), blocks, GGML_TYPE_IDS[ggml_type], out_features, self.ggml_path == "vnni")
+
 
 @functools.cache
 def _register_fake() -> None:
@@ -107,6 +136,15 @@ def _register_fake() -> None:
     @torch.library.register_fake(f"{LIBRARY}::fp8_linear")
     def _(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return x.new_empty((*x.shape[:-1], packed.shape[0]))
+
+
+@functools.cache
+def _register_ggml_fake() -> None:
+    """Once per process, after the GGML library is loaded: its output's shape for ``torch.compile``."""
+
+    @torch.library.register_fake(f"{GGML_LIBRARY}::ggml_linear")
+    def _(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, out_features: int, vnni: bool) -> torch.Tensor:
+        return x.new_empty((x.shape[0], out_features))
 
 
 def native_linear_kernel(fallback: LinearKernel | None) -> LinearKernel | None:

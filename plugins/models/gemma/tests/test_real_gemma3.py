@@ -27,7 +27,9 @@ LOGITS_ATOL = 1e-3
 @pytest.fixture(scope="module")
 def llm(gemma3_gguf):
     start = time.perf_counter()
-    llm = LLM(str(gemma3_gguf), dtype="float32", max_model_len=256, num_kv_blocks=64)
+    # quantization="none": the parity of the loader's mapping on dequantized weights (kvserve-quant-gguf's
+    # tests check its packed layers against this path).
+    llm = LLM(str(gemma3_gguf), dtype="float32", quantization="none", max_model_len=256, num_kv_blocks=64)
     print(f"kvserve opened {gemma3_gguf.name} in {time.perf_counter() - start:.1f}s")
     return llm
 

