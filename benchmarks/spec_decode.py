@@ -9,7 +9,8 @@ Two workloads on a model (default: the embedded SmolLM2), each at every ``--batc
 Each ``--speculative-config`` (a preset, ``ngram`` or ``suffix``; ``draft:N``, a ``draft_model`` made of
 the model's own first N layers, where no smaller model shares its tokenizer; or JSON) against
 speculation off.
-Greedy decoding, so every run emits the same tokens (checked): the comparison is speed only. One engine
+Greedy decoding, so every run emits the same tokens in float32; in bfloat16 a row computed in a step of
+another shape may round differently, and the outputs that differ are counted. One engine
 per setting, warmed up on one request first; ``--rounds`` alternating timed runs, the median reported.
 
     python benchmarks/spec_decode.py [MODEL] [--batch 1 32] [--dtype bfloat16] [--max-tokens 256]
@@ -116,11 +117,13 @@ def main() -> None:
                 for name, llm in engines.items():
                     elapsed, tokens[name] = run(llm, conversations, params)
                     seconds[name].append(elapsed)
-            generated = sum(map(len, tokens["off"]))
-            rate = {name: generated / statistics.median(times) for name, times in seconds.items()}
+            rate = {name: sum(map(len, tokens[name])) / statistics.median(seconds[name]) for name in engines}
             for name in configs:
-                if tokens[name] != tokens["off"]:
-                    raise SystemExit(f"{workload} at batch {batch}: outputs with {name} differ from without")
+                # fp32 greedy outputs are identical (the tests hold that); in bf16 a row computed in a step
+                # of another shape may round differently and, at a near tie, pick another token.
+                same = sum(a == b for a, b in zip(tokens[name], tokens["off"]))
+                if same < batch:
+                    print(f"{workload} at batch {batch}: {batch - same} of {batch} outputs with {name} differ (bf16)")
                 stats = engines[name].engine.speculator.stats
                 drafted = stats.num_draft_tokens - before[name].num_draft_tokens
                 accepted = stats.num_accepted_tokens - before[name].num_accepted_tokens
