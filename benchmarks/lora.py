@@ -7,7 +7,7 @@ adapters are rank-16 PEFT adapters of q, k, v, o, gate, up and down made with th
 library (random non-zero A and B), saved to a temporary folder. ``--kernels`` runs each case on each
 LoRA kernel: ``native`` (the CPU platform's C++ kernel on the best path the CPU runs), a native path by
 name (``avx512-bf16``, ``avx512``, ``portable``) or ``torch`` (core's PyTorch kernel), one engine
-each (``KVSERVE_CPU_LORA_KERNEL``), prefix caching off so that every case prefills its prompts.
+each (``KVSERVE_LORA_KERNEL``), prefix caching off so that every case prefills its prompts.
 Prints the machine's ISA, the time to read an adapter, and per case tokens/s (the best of
 ``--repeats`` rounds) and the ratio to the same kernel's 0-adapter run.
 
@@ -52,9 +52,9 @@ def run_kernel(kernel: str, model: Path, adapters: list[Path], args: argparse.Na
     rounds of every adapter count in turn; the best tokens/s of each count. Prefix caching is off:
     every case prefills its prompts."""
     if kernel == "native":
-        os.environ.pop("KVSERVE_CPU_LORA_KERNEL", None)
+        os.environ.pop("KVSERVE_LORA_KERNEL", None)
     else:
-        os.environ["KVSERVE_CPU_LORA_KERNEL"] = kernel
+        os.environ["KVSERVE_LORA_KERNEL"] = kernel
     max_loras = max(max(args.adapters), 1)
     llm = LLM(
         str(model),

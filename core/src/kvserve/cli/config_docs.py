@@ -36,8 +36,8 @@ OTHER_ENV_VARS = {
     "KVSERVE_DISABLE_PLUGINS": "Comma-separated plugin or package names that do not load",
     "KVSERVE_CACHE_DIR": "Where converted models (the embedded SmolLM2) are kept; default: the user cache directory",
     "KVSERVE_NATIVE_CACHE": "Where plugins' built C++ operator libraries are kept; default: the user cache directory",
-    "KVSERVE_CPU_LORA_KERNEL": "The CPU platform's LoRA kernel: a native path (`avx512-bf16`, `avx512`, `portable`; "
-    "default the best the CPU runs) or `torch` (core's PyTorch kernel)",
+    "KVSERVE_LORA_KERNEL": "The platform's LoRA kernel by a name its platform documents (docs/lora.md), or `torch` "
+    "(core's PyTorch kernel); unset: the platform's best",
 }
 """The ``KVSERVE_*`` variables that are not config fields (the test finds every one the code reads)."""
 

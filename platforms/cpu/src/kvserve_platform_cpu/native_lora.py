@@ -7,7 +7,7 @@ per step for all its rows. Long segments stay on the kernel too: at LoRA's ranks
 was slower in all but one case measured, from 32 to 2048 tokens (``csrc/lora.cpp``). The rows and
 items are planned once per :class:`LoRABatch` (every layer of a forward shares it).
 
-``KVSERVE_CPU_LORA_KERNEL`` picks the kernel: a path of this build (``avx512-bf16``, ``avx512``,
+``KVSERVE_LORA_KERNEL`` picks the kernel: a path of this build (``avx512-bf16``, ``avx512``,
 ``portable``; default the best the CPU runs) or ``torch`` (core's PyTorch kernel), so each can be
 tested and measured on one machine. Built on first use by :mod:`kvserve_cpu_native`; where it cannot
 be, core's PyTorch kernel runs and the start-up log says why.
@@ -30,7 +30,7 @@ logger = logging.getLogger("kvserve")
 
 LIBRARY = "kvserve_cpu_lora"
 SOURCES = (Path(__file__).parent / "csrc" / "lora.cpp",)
-KERNEL_ENV = "KVSERVE_CPU_LORA_KERNEL"
+KERNEL_ENV = "KVSERVE_LORA_KERNEL"
 NATIVE_DTYPES = (torch.float32, torch.bfloat16)
 
 
@@ -87,7 +87,7 @@ class NativeLoRAKernel(LoRAKernel):
 
 
 def cpu_lora_kernel() -> LoRAKernel:
-    """The kernel ``KVSERVE_CPU_LORA_KERNEL`` names, else the native one on its best path, built (or
+    """The kernel ``KVSERVE_LORA_KERNEL`` names, else the native one on its best path, built (or
     found in the cache) now; core's PyTorch kernel, with the reason, where the build is unavailable."""
     choice = os.environ.get(KERNEL_ENV) or None
     if choice == "torch":

@@ -79,7 +79,7 @@ class CpuPlatform(Platform):
         return cpu_layer_ops()
 
     def lora_kernel(self) -> LoRAKernel | None:
-        """The C++ SGMV/BGMV kernel (AVX512-BF16, AVX-512 or portable; ``KVSERVE_CPU_LORA_KERNEL``
+        """The C++ SGMV/BGMV kernel (AVX512-BF16, AVX-512 or portable; ``KVSERVE_LORA_KERNEL``
         picks), built on first use; core's PyTorch one (saying why) where it cannot be built."""
         from kvserve_platform_cpu.native_lora import cpu_lora_kernel
 
