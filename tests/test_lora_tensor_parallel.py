@@ -17,19 +17,12 @@ import transformers
 from kvserve import LLM, SamplingParams
 from kvserve.lora import LoRARequest
 from kvserve.testing.hf_models import build_lora_adapter, build_tiny_model, hf_greedy
+from kvserve.testing.quant_parity import LORA_ADAPTERS
 
 NEW_TOKENS = 8
 PROMPTS = ["The quick brown fox", "Paris is the capital of", "Paged attention stores keys and values in blocks"]
-ADAPTERS = {  # name -> LoraConfig fields: o_proj and down_proj are row-parallel, the rest column-parallel
-    "qv-r8": {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]},
-    "all-r4-rslora": {
-        "r": 4,
-        "lora_alpha": 8,
-        "use_rslora": True,
-        "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-    },
-    "o-down-r16": {"r": 16, "lora_alpha": 8, "target_modules": ["o_proj", "down_proj"]},
-}
+# name -> LoraConfig fields: o_proj and down_proj are row-parallel, the rest column-parallel
+ADAPTERS = {**LORA_ADAPTERS, "o-down-r16": {"r": 16, "lora_alpha": 8, "target_modules": ["o_proj", "down_proj"]}}
 ENGINE = {"dtype": "float32", "max_model_len": 128, "num_kv_blocks": 64, "enable_lora": True, "max_lora_rank": 16}
 
 
