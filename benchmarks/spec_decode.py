@@ -6,6 +6,9 @@ Two workloads on a model (default: the embedded SmolLM2), each at every ``--batc
   a passage — whose answers repeat long stretches of the prompt (what ``ngram`` prompt lookup finds);
 - ``chat``: plain chat questions, whose answers repeat little.
 
+At batch 1 every task of a workload runs alone in turn (one stream); at a larger batch the tasks,
+repeated to fill it, run together.
+
 Each ``--speculative-config`` (a preset, ``ngram`` or ``suffix``; ``draft:N``, a ``draft_model`` made of
 the model's own first N layers, where no smaller model shares its tokenizer; or JSON) against
 speculation off.
@@ -35,7 +38,12 @@ NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
 SUFFIX = {"method": "suffix", "num_speculative_tokens": 8, "suffix_decoding_max_cached_requests": 0}
 PRESETS = {"ngram": NGRAM, "suffix": SUFFIX}
 
-SOURCE_FILES = sorted((Path(__file__).resolve().parents[1] / "core/src/kvserve/spec_decode").glob("*.py"))
+# A package's __init__.py holds a line or two: nothing to copy.
+SOURCE_FILES = sorted(
+    path
+    for path in (Path(__file__).resolve().parents[1] / "core/src/kvserve/spec_decode").glob("*.py")
+    if path.name != "__init__.py"
+)
 PASSAGE = (
     "The paged KV cache keeps each sequence's keys and values in fixed-size blocks. A block table maps a "
     "sequence's logical blocks to physical ones, so sequences grow without copying and share blocks of a "
@@ -60,12 +68,16 @@ CHAT_TASKS = [
 
 
 def prompts(tasks: list[str], batch: int) -> list[list[dict[str, str]]]:
-    return [[{"role": "user", "content": tasks[i % len(tasks)]}] for i in range(batch)]
+    """Every task at least once, repeated up to ``batch``."""
+    return [[{"role": "user", "content": tasks[i % len(tasks)]}] for i in range(max(batch, len(tasks)))]
 
 
-def run(llm: LLM, conversations, params: SamplingParams) -> tuple[float, list[list[int]]]:
+def run(llm: LLM, conversations, params: SamplingParams, batch: int) -> tuple[float, list[list[int]]]:
+    """Seconds to answer ``conversations`` ``batch`` at a time, and the answers' token ids."""
     start = time.perf_counter()
-    outputs = llm.chat(conversations, params, use_tqdm=False)
+    outputs = []
+    for first in range(0, len(conversations), batch):
+        outputs += llm.chat(conversations[first : first + batch], params, use_tqdm=False)
     return time.perf_counter() - start, [list(o.outputs[0].token_ids) for o in outputs]
 
 
@@ -100,7 +112,7 @@ def main() -> None:
     for name, config in configs.items():
         engines[name] = LLM(args.model, **fields, speculative_config=config)
     for llm in engines.values():
-        run(llm, prompts(CHAT_TASKS, 1), SamplingParams(temperature=0, max_tokens=8))  # warm-up
+        run(llm, prompts(CHAT_TASKS, 1)[:1], SamplingParams(temperature=0, max_tokens=8), 1)  # warm-up
     for name, config in configs.items():
         print(f"{name}: speculative_config={json.dumps(config)}")
     print(f"dtype={args.dtype} max_tokens={args.max_tokens}")
@@ -115,15 +127,18 @@ def main() -> None:
             before = {name: engines[name].engine.speculator.stats.copy() for name in configs}
             for _ in range(args.rounds):
                 for name, llm in engines.items():
-                    elapsed, tokens[name] = run(llm, conversations, params)
+                    elapsed, tokens[name] = run(llm, conversations, params, batch)
                     seconds[name].append(elapsed)
             rate = {name: sum(map(len, tokens[name])) / statistics.median(seconds[name]) for name in engines}
             for name in configs:
                 # fp32 greedy outputs are identical (the tests hold that); in bf16 a row computed in a step
                 # of another shape may round differently and, at a near tie, pick another token.
                 same = sum(a == b for a, b in zip(tokens[name], tokens["off"]))
-                if same < batch:
-                    print(f"{workload} at batch {batch}: {batch - same} of {batch} outputs with {name} differ (bf16)")
+                if same < len(conversations):
+                    print(
+                        f"{workload} at batch {batch}: {len(conversations) - same} of {len(conversations)} "
+                        f"outputs with {name} differ (bf16)"
+                    )
                 stats = engines[name].engine.speculator.stats
                 drafted = stats.num_draft_tokens - before[name].num_draft_tokens
                 accepted = stats.num_accepted_tokens - before[name].num_accepted_tokens
