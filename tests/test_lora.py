@@ -19,7 +19,8 @@ from kvserve.config import EngineConfig
 from kvserve.frontend.async_llm import AsyncLLM
 from kvserve.loader.default_model import embedded_gguf_path
 from kvserve.lora import LoRARequest
-from kvserve.testing.hf_models import build_lora_adapter, build_tiny_model, hf_greedy
+from kvserve.testing.hf_models import build_lora_adapter, build_tiny_model
+from kvserve.testing.lora_parity import assert_rows_match, generate_mixed, peft_rows
 
 NEW_TOKENS = 6
 PROMPTS = [
@@ -53,10 +54,7 @@ def setup(request, tmp_path_factory):
         name: build_lora_adapter(base, root / name, seed, **fields)
         for seed, (name, fields) in enumerate(ADAPTERS.items())
     }
-    reference = {None: hf_greedy(base, prompt_ids, NEW_TOKENS)}
-    for name, path in adapters.items():
-        reference[name] = hf_greedy(base, prompt_ids, NEW_TOKENS, path)
-    return base, adapters, prompt_ids, reference
+    return base, adapters, prompt_ids, peft_rows(base, prompt_ids, adapters, NEW_TOKENS)
 
 
 def lora_requests(adapters):
@@ -67,23 +65,7 @@ def test_mixed_batch_matches_peft(setup):
     """Every adapter and the base model, each on every prompt, in one generate call (one batch)."""
     base, adapters, prompt_ids, reference = setup
     llm = LLM(str(base), enable_lora=True, **ENGINE)
-    requests = lora_requests(adapters)
-    names = [None, *adapters]
-    jobs = [(name, i) for i in range(len(prompt_ids)) for name in names]
-    params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=0)
-    outputs = llm.generate(
-        [prompt_ids[i] for _, i in jobs], params, use_tqdm=False,
-        lora_request=[None if name is None else requests[name] for name, _ in jobs],
-    )  # fmt: skip
-    for (name, i), output in zip(jobs, outputs):
-        tokens, logprobs = reference[name][i]
-        got = output.outputs[0]
-        assert got.token_ids == tokens, f"adapter {name}, prompt {i}"
-        got_logprobs = [entry[t].logprob for entry, t in zip(got.logprobs, got.token_ids)]
-        assert got_logprobs == pytest.approx(logprobs, abs=1e-3), f"adapter {name}, prompt {i}"
-    # The adapters change the model: the test compares something.
-    for name in adapters:
-        assert any(reference[name][i][0] != reference[None][i][0] for i in range(len(prompt_ids))), name
+    assert_rows_match(generate_mixed(llm, prompt_ids, adapters, NEW_TOKENS), reference)
 
 
 def test_async_llm_runs_adapters_and_refuses_a_bad_one(setup, tmp_path):
@@ -92,7 +74,7 @@ def test_async_llm_runs_adapters_and_refuses_a_bad_one(setup, tmp_path):
     base, adapters, prompt_ids, reference = setup
     llm = AsyncLLM.from_config(EngineConfig.from_flat(model=str(base), enable_lora=True, **ENGINE))
     requests = lora_requests(adapters)
-    params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, min_tokens=NEW_TOKENS)
     missing = LoRARequest("missing", 99, str(tmp_path / "missing"))
 
     async def run(request_id, prompt, lora_request):
@@ -112,8 +94,8 @@ def test_async_llm_runs_adapters_and_refuses_a_bad_one(setup, tmp_path):
         got, again = asyncio.run(main())
     finally:
         llm.shutdown()
-    assert got == [reference[name][i][0] for i in range(2) for name in adapters]
-    assert again == reference["qv-r8"][0][0]
+    assert got == [reference[name, i][0] for i in range(2) for name in adapters]
+    assert again == reference["qv-r8", 0][0]
 
 
 def test_embedded_smollm2_with_peft_adapters(tmp_path):
@@ -148,19 +130,6 @@ def test_embedded_smollm2_with_peft_adapters(tmp_path):
             use_rslora=True,
         ),
     }
-    requests = lora_requests(adapters)
-    jobs = [(name, i) for i in range(len(prompt_ids)) for name in [None, *adapters]]
-    params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=0)
-    outputs = llm.generate(
-        [prompt_ids[i] for _, i in jobs], params, use_tqdm=False,
-        lora_request=[None if name is None else requests[name] for name, _ in jobs],
-    )  # fmt: skip
-    reference = {name: hf_greedy(hf_dir, prompt_ids, NEW_TOKENS, adapters.get(name)) for name in [None, *adapters]}
-    for (name, i), output in zip(jobs, outputs):
-        tokens, logprobs = reference[name][i]
-        got = output.outputs[0]
-        assert got.token_ids == tokens, f"adapter {name}, prompt {i}"
-        got_logprobs = [entry[t].logprob for entry, t in zip(got.logprobs, got.token_ids)]
-        assert got_logprobs == pytest.approx(logprobs, abs=1e-3), f"adapter {name}, prompt {i}"
-    for name in adapters:
-        assert any(reference[name][i][0] != reference[None][i][0] for i in range(len(prompt_ids))), name
+    assert_rows_match(
+        generate_mixed(llm, prompt_ids, adapters, NEW_TOKENS), peft_rows(hf_dir, prompt_ids, adapters, NEW_TOKENS)
+    )

@@ -14,9 +14,9 @@ from __future__ import annotations
 import pytest
 import transformers
 
-from kvserve import LLM, SamplingParams
-from kvserve.lora import LoRARequest
-from kvserve.testing.hf_models import build_lora_adapter, build_tiny_model, hf_greedy
+from kvserve import LLM
+from kvserve.testing.hf_models import build_lora_adapter, build_tiny_model
+from kvserve.testing.lora_parity import assert_rows_match, generate_mixed, peft_rows
 from kvserve.testing.quant_parity import LORA_ADAPTERS
 
 NEW_TOKENS = 8
@@ -27,24 +27,12 @@ ENGINE = {"dtype": "float32", "max_model_len": 128, "num_kv_blocks": 64, "enable
 
 
 def _generate(base, adapters, prompt_ids, **engine):
-    """Greedy tokens and their logprobs of every (adapter or None, prompt), all in one generate call."""
-    requests = {name: LoRARequest(name, i + 1, str(path)) for i, (name, path) in enumerate(adapters.items())}
-    jobs = [(name, i) for i in range(len(prompt_ids)) for name in [None, *adapters]]
+    """Every (adapter or None, prompt) row, all in one generate call of an engine with two slots."""
     llm = LLM(str(base), max_loras=2, **ENGINE, **engine)
     try:
-        outputs = llm.generate(
-            [prompt_ids[i] for _, i in jobs],
-            SamplingParams(temperature=0, max_tokens=NEW_TOKENS, min_tokens=NEW_TOKENS, logprobs=0),
-            use_tqdm=False,
-            lora_request=[None if name is None else requests[name] for name, _ in jobs],
-        )
+        return generate_mixed(llm, prompt_ids, adapters, NEW_TOKENS)
     finally:
         llm.engine.shutdown()
-    results = {}
-    for job, output in zip(jobs, outputs):
-        got = output.outputs[0]
-        results[job] = (got.token_ids, [entry[t].logprob for entry, t in zip(got.logprobs, got.token_ids)])
-    return results
 
 
 @pytest.mark.parametrize(
@@ -62,13 +50,7 @@ def test_two_ranks_match_peft_and_one_rank(tmp_path, kv_heads, executor):
         name: build_lora_adapter(base, tmp_path / name, seed, **fields)
         for seed, (name, fields) in enumerate(ADAPTERS.items())
     }
-    reference = {name: hf_greedy(base, prompt_ids, NEW_TOKENS, adapters.get(name)) for name in [None, *adapters]}
     two = _generate(base, adapters, prompt_ids, tensor_parallel_size=2, distributed_executor_backend=executor)
+    assert_rows_match(two, peft_rows(base, prompt_ids, adapters, NEW_TOKENS))
     one = _generate(base, adapters, prompt_ids)
-    for (name, i), (tokens, logprobs) in two.items():
-        ref_tokens, ref_logprobs = reference[name][i]
-        assert tokens == ref_tokens, f"adapter {name}, prompt {i}: TP=2 differs from PeftModel"
-        assert logprobs == pytest.approx(ref_logprobs, abs=1e-3), f"adapter {name}, prompt {i}"
-        assert tokens == one[name, i][0], f"adapter {name}, prompt {i}: TP=2 differs from TP=1"
-    for name in adapters:  # the adapters change the model: the test compares something
-        assert any(reference[name][i][0] != reference[None][i][0] for i in range(len(prompt_ids))), name
+    assert_rows_match(two, one, against="one rank")

@@ -100,32 +100,17 @@ def assert_lora_matches_peft(
     run by ``llm`` (the quantized checkpoint, ``enable_lora``) mixed with base rows in one batch: every
     row's :data:`NEW_TOKENS` greedy tokens identical to HF ``generate`` over ``dense`` (under
     ``PeftModel`` for an adapter's), their logprobs within ``logprob_bound``."""
-    from kvserve import SamplingParams
-    from kvserve.lora import LoRARequest
-    from kvserve.testing import hf_models
+    from kvserve.testing import hf_models, lora_parity
 
     adapters = {
         name: hf_models.build_lora_adapter(dense, Path(adapter_root) / name, seed, scale=0.1, **fields)
         for seed, (name, fields) in enumerate(LORA_ADAPTERS.items())
     }
-    requests = {name: LoRARequest(name, i + 1, str(path)) for i, (name, path) in enumerate(adapters.items())}
-    jobs = [(name, i) for i in range(len(prompt_ids)) for name in [None, *adapters]]
-    params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, min_tokens=NEW_TOKENS, logprobs=0)
-    outputs = llm.generate(
-        [prompt_ids[i] for _, i in jobs], params, use_tqdm=False,
-        lora_request=[None if name is None else requests[name] for name, _ in jobs],
-    )  # fmt: skip
-    reference = {
-        name: hf_models.hf_greedy(dense, prompt_ids, NEW_TOKENS, adapters.get(name)) for name in [None, *adapters]
-    }
-    for (name, i), output in zip(jobs, outputs, strict=True):
-        tokens, logprobs = reference[name][i]
-        got = output.outputs[0]
-        assert got.token_ids == tokens, f"adapter {name}, prompt {i}: {got.token_ids} != PeftModel's {tokens}"
-        worst = max(abs(entry[t].logprob - ref) for entry, t, ref in zip(got.logprobs, got.token_ids, logprobs))
-        assert worst <= logprob_bound, f"adapter {name}, prompt {i}: a logprob differs by {worst:.3g}"
-    for name in adapters:  # the adapters change the model: the comparison is of something
-        assert any(reference[name][i][0] != reference[None][i][0] for i in range(len(prompt_ids))), name
+    lora_parity.assert_rows_match(
+        lora_parity.generate_mixed(llm, prompt_ids, adapters, NEW_TOKENS),
+        lora_parity.peft_rows(dense, prompt_ids, adapters, NEW_TOKENS),
+        logprob_bound,
+    )
 
 
 def linear_bytes(model: torch.nn.Module, checkpoint: Path) -> tuple[int, int]:
