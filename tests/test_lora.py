@@ -133,3 +133,48 @@ def test_embedded_smollm2_with_peft_adapters(tmp_path):
     assert_rows_match(
         generate_mixed(llm, prompt_ids, adapters, NEW_TOKENS), peft_rows(hf_dir, prompt_ids, adapters, NEW_TOKENS)
     )
+
+
+ADDED_TOKEN = "<sql>"
+ADAPTER_TEMPLATE = "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}<sql>"
+
+
+def test_an_adapter_tokenizer_serves_its_requests_text(tmp_path):
+    """An adapter that ships a tokenizer (an added token, its own chat template): its requests' text
+    prompts, chat rendering and ``bad_words`` go through that tokenizer, in ``LLM`` and ``AsyncLLM``;
+    the base model's requests keep the model's."""
+    # A vocabulary larger than the tokenizer's: the added token has a row of its own.
+    base = build_tiny_model("llama", tmp_path / "base", vocab_size=512)
+    folder = build_lora_adapter(base, tmp_path / "tok", 1, r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"])
+    tokenizer = transformers.AutoTokenizer.from_pretrained(base)
+    tokenizer.add_tokens([ADDED_TOKEN])
+    tokenizer.chat_template = ADAPTER_TEMPLATE
+    tokenizer.save_pretrained(folder)
+    added = tokenizer.convert_tokens_to_ids(ADDED_TOKEN)
+    adapter = LoRARequest("tok", 1, str(folder))
+    prompt = f"Paris {ADDED_TOKEN} is"
+    llm = LLM(str(base), enable_lora=True, **ENGINE)
+    greedy = SamplingParams(temperature=0, max_tokens=2)
+    with_adapter, without = llm.generate([prompt, prompt], greedy, use_tqdm=False, lora_request=[adapter, None])
+    assert with_adapter.prompt_token_ids == tokenizer.encode(prompt) and added in with_adapter.prompt_token_ids
+    assert added not in without.prompt_token_ids
+    [chat] = llm.chat([{"role": "user", "content": "hi"}], greedy, use_tqdm=False, lora_request=adapter)
+    assert chat.prompt == "[user]hi<sql>" and chat.prompt_token_ids[-1] == added
+    # The added token as a bad word: forced by logit_bias, yet never emitted.
+    forced = SamplingParams(temperature=0, max_tokens=3, logit_bias={added: 100.0})
+    assert llm.generate(prompt, forced, use_tqdm=False, lora_request=adapter)[0].outputs[0].token_ids == [added] * 3
+    banned = forced.model_copy(update={"bad_words": [ADDED_TOKEN]})
+    assert added not in llm.generate(prompt, banned, use_tqdm=False, lora_request=adapter)[0].outputs[0].token_ids
+    llm.engine.shutdown()
+
+    async_llm = AsyncLLM.from_config(EngineConfig.from_flat(model=str(base), enable_lora=True, **ENGINE))
+
+    async def first_prompt_ids(lora_request):
+        async for output in async_llm.generate(prompt, greedy, f"r-{lora_request}", lora_request=lora_request):
+            return output.prompt_token_ids
+
+    try:
+        assert asyncio.run(first_prompt_ids(adapter)) == with_adapter.prompt_token_ids
+        assert asyncio.run(first_prompt_ids(None)) == without.prompt_token_ids
+    finally:
+        async_llm.shutdown()

@@ -29,7 +29,7 @@ from kvserve.logging_setup import configure_logging
 from kvserve.lora.layers import LORA_SLOT
 from kvserve.lora.manager import LoRAManager, adapter_id
 from kvserve.lora.request import LoRARequest
-from kvserve.lora.tokenizer import adapter_tokenizer
+from kvserve.lora.tokenizer import AdapterTokenizers
 from kvserve.outputs import RequestOutput, TokenLogprobs
 from kvserve.reasoning import load_reasoning_parser
 from kvserve.request import Request, RequestStatus
@@ -97,8 +97,8 @@ class LLMEngine:
         step (:attr:`kvserve.forward_context.ForwardContext.token_metadata`), e.g. LoRA adapter ids."""
         self.lora = self._lora_manager() if config.lora.enable_lora else None
         """The LoRA adapters' cache and slots; None when ``enable_lora`` is off."""
-        self.lora_tokenizers: dict[int, Any] = {}
-        """Adapter id -> the tokenizer its directory ships (None: the base model's), read at its first request."""
+        self.tokenizers = AdapterTokenizers(self.tokenizer)
+        """Each request's tokenizer: its adapter's own where the adapter ships one, else the model's."""
         self.states: dict[str, RequestState] = {}
         """Requests by id, until their final output is out."""
         self.stat_logger = StatLogger()
@@ -194,7 +194,8 @@ class LLMEngine:
         self._check_alive()
         return check_request(
             prompt_token_ids, params, vocab_size=self.hf_config.vocab_size, max_model_len=self.max_model_len,
-            max_n=self.config.scheduler.max_n, tokenizer=self.tokenizer,
+            max_n=self.config.scheduler.max_n,
+            tokenizer=self.tokenizer_of(lora_request),
             logits_processors=self.logits_processor_classes,
             structured_outputs=self.config.decoding.structured_outputs_config,
             prompt=prompt, priority=priority, cache_salt=cache_salt, lora_request=lora_request,
@@ -213,16 +214,12 @@ class LLMEngine:
         and slot are freed after the last one (:meth:`~kvserve.lora.manager.LoRAManager.remove`)."""
         if self.lora is not None:
             self.lora.remove(lora_int_id)
-        self.lora_tokenizers.pop(lora_int_id, None)
+        self.tokenizers.forget(lora_int_id)
 
-    def _tokenizer_of(self, lora_request: LoRARequest | None) -> Any:
-        """The tokenizer that decodes a request's tokens: its adapter's own if it ships one, else the model's."""
-        if lora_request is None:
-            return self.tokenizer
-        key = lora_request.lora_int_id
-        if key not in self.lora_tokenizers:
-            self.lora_tokenizers[key] = adapter_tokenizer(lora_request)
-        return self.lora_tokenizers[key] or self.tokenizer
+    def tokenizer_of(self, lora_request: LoRARequest | None) -> Any:
+        """The tokenizer of a request with ``lora_request``: its adapter's own where the adapter ships
+        one, else the model's (also without LoRA on, where such a request is refused when checked)."""
+        return self.tokenizers.of(lora_request if self.lora is not None else None)
 
     def add_request(self, request_id: str, request: CheckedRequest) -> None:
         """Queue a request a front end checked (it is not checked again). ValueError if
@@ -236,7 +233,7 @@ class LLMEngine:
             raise ValueError(f"n: the engine runs one sample per request (got {request.params.n}); fan it out first")
         if request.lora_request is not None:
             self.load_lora(request.lora_request)
-        tokenizer = self._tokenizer_of(request.lora_request)
+        tokenizer = self.tokenizer_of(request.lora_request)
         queued = Request(
             request_id,
             list(request.prompt_token_ids),

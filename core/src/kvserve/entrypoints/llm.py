@@ -75,7 +75,7 @@ class LLM:
             lora_request = [lora_request] * len(prompts)
         if len(lora_request) != len(prompts):
             raise ValueError(f"lora_request: {len(lora_request)} given for {len(prompts)} prompts")
-        parsed = [self._parse_prompt(i, p) for i, p in enumerate(prompts)]
+        parsed = [self._parse_prompt(i, p, lora) for i, (p, lora) in enumerate(zip(prompts, lora_request))]
         requests = [  # every prompt checked, once, before any is queued
             self.engine.check_request(
                 token_ids,
@@ -100,8 +100,9 @@ class LLM:
                 self.engine.add_request(child_id, child)
         return self._run(ids, parents, use_tqdm)
 
-    def _parse_prompt(self, index: int, prompt: Any) -> tuple[str | None, list[int]]:
-        """``(text or None, token ids)`` of prompt ``index`` in any of the :data:`Prompt` forms."""
+    def _parse_prompt(self, index: int, prompt: Any, lora_request: LoRARequest | None) -> tuple[str | None, list[int]]:
+        """``(text or None, token ids)`` of prompt ``index`` in any of the :data:`Prompt` forms; text
+        through the tokenizer of ``lora_request`` (its adapter's own where it ships one)."""
         if isinstance(prompt, dict):
             keys = set(prompt)
             if keys == {"prompt"}:
@@ -116,7 +117,7 @@ class LLM:
                     f"got keys {sorted(keys)}"
                 )
         if isinstance(prompt, str):
-            return prompt, self.engine.tokenizer.encode(prompt)
+            return prompt, self.engine.tokenizer_of(lora_request).encode(prompt)
         if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             return None, list(prompt)
         raise TypeError(
@@ -132,9 +133,13 @@ class LLM:
         lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Apply the tokenizer's chat template to one conversation or a list of them, then generate
-        (with ``lora_request`` as :meth:`generate` takes it)."""
+        (with ``lora_request`` as :meth:`generate` takes it; an adapter that ships a tokenizer renders
+        its conversations with that tokenizer's template)."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        rendered = [render_chat(self.engine.tokenizer, conv) for conv in conversations]  # type: ignore[arg-type]
+        loras = lora_request if isinstance(lora_request, Sequence) else [lora_request] * len(conversations)
+        if len(loras) != len(conversations):
+            raise ValueError(f"lora_request: {len(loras)} given for {len(conversations)} conversations")
+        rendered = [render_chat(self.engine.tokenizer_of(lora), conv) for conv, lora in zip(conversations, loras)]
         prompts = [text for text, _ in rendered]
         token_ids = [ids for _, ids in rendered]
         outputs = self.generate(token_ids, sampling_params, use_tqdm, lora_request=lora_request)

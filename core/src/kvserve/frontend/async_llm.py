@@ -128,7 +128,7 @@ class AsyncLLM:
             request = prompt
         else:
             text = prompt if isinstance(prompt, str) else None
-            token_ids = self.tokenizer.encode(prompt) if text is not None else list(prompt)
+            token_ids = self.info.tokenizer_of(lora_request).encode(prompt) if text is not None else list(prompt)
             request = self.validate_prompt(
                 token_ids, params, prompt=text, priority=priority, cache_salt=cache_salt, lora_request=lora_request
             )
@@ -181,6 +181,7 @@ class AsyncLLM:
         """Unload adapter ``lora_int_id`` (unknown ids are ignored): requests already sent with it finish
         with it, and its host copy and slot are freed after the last one."""
         await self._call("remove_lora", lora_int_id)
+        self.info.tokenizers.forget(lora_int_id)
 
     async def _call(self, kind: str, argument: Any) -> None:
         """Send the command ``(kind, call_id, argument)`` and wait for its answer; raise the error it carries."""

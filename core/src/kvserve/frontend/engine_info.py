@@ -10,6 +10,7 @@ from kvserve.engine.llm_engine import LLMEngine
 from kvserve.engine.validation import CheckedRequest, check_request
 from kvserve.interfaces.logits_processor import LogitsProcessor
 from kvserve.lora.request import LoRARequest
+from kvserve.lora.tokenizer import AdapterTokenizers
 from kvserve.sampling_params import SamplingParams
 
 
@@ -32,6 +33,16 @@ class EngineInfo:
     """SamplingParams fields a request that leaves them unset gets (``LLMEngine.default_sampling_fields``)."""
     enable_lora: bool = False
     """Whether requests may name a LoRA adapter."""
+    tokenizers: AdapterTokenizers = field(init=False, repr=False, compare=False)
+    """Each request's tokenizer: its adapter's own where the adapter ships one, else :attr:`tokenizer`."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tokenizers", AdapterTokenizers(self.tokenizer))
+
+    def tokenizer_of(self, lora_request: LoRARequest | None) -> Any:
+        """The tokenizer of a request with ``lora_request`` (the model's without ``enable_lora``, where
+        such a request is refused when checked)."""
+        return self.tokenizers.of(lora_request if self.enable_lora else None)
 
     @classmethod
     def from_engine(cls, engine: LLMEngine) -> EngineInfo:
@@ -61,7 +72,7 @@ class EngineInfo:
         batch-level logits processors."""
         return check_request(
             prompt_token_ids, params, vocab_size=self.vocab_size, max_model_len=self.max_model_len,
-            max_n=self.max_n, tokenizer=self.tokenizer, logits_processors=self.logits_processors,
+            max_n=self.max_n, tokenizer=self.tokenizer_of(lora_request), logits_processors=self.logits_processors,
             structured_outputs=self.structured_outputs, prompt=prompt, priority=priority, cache_salt=cache_salt,
             lora_request=lora_request, enable_lora=self.enable_lora,
         )  # fmt: skip

@@ -24,3 +24,26 @@ def adapter_tokenizer(lora_request: LoRARequest) -> Any | None:
     except Exception as exc:  # any reader failure is the adapter's: name it
         where = f"LoRA adapter {lora_request.lora_name!r} ({folder})"
         raise ValueError(f"{where}: cannot read its tokenizer: {exc}") from None
+
+
+class AdapterTokenizers:
+    """The tokenizer each request's text goes through (its prompt, its ``bad_words``, its output): the
+    one its adapter ships, read once per adapter id, else ``base``, the model's."""
+
+    def __init__(self, base: Any) -> None:
+        self.base = base
+        self._shipped: dict[int, Any] = {}  # adapter id -> its own tokenizer, or None: it ships none
+
+    def of(self, lora_request: LoRARequest | None) -> Any:
+        """``lora_request``'s tokenizer (the model's for None); ValueError naming the adapter when the
+        tokenizer it ships cannot be read."""
+        if lora_request is None:
+            return self.base
+        key = lora_request.lora_int_id
+        if key not in self._shipped:
+            self._shipped[key] = adapter_tokenizer(lora_request)
+        return self._shipped[key] or self.base
+
+    def forget(self, lora_int_id: int) -> None:
+        """Adapter ``lora_int_id`` was unloaded: a later one under that id is read afresh."""
+        self._shipped.pop(lora_int_id, None)

@@ -21,7 +21,6 @@ from kvserve.interfaces.lora_resolver import LoRAResolver
 from kvserve.loader.default_model import EMBEDDED_MODEL_NAME
 from kvserve.lora.peft_adapter import read_adapter_config
 from kvserve.lora.request import LoRARequest
-from kvserve.lora.tokenizer import adapter_tokenizer
 from kvserve.outputs import RequestOutput
 from kvserve.plugins import get_plugin_manager, load_component
 from kvserve.reasoning import reasoning_parser_class
@@ -46,8 +45,8 @@ class ServerState:
         self.adapters = self._adapters(config)
         """The adapters served by name (``lora_modules``, then those loaded at run time): a request whose
         ``model`` is one of them runs with that adapter."""
-        self.adapter_tokenizers = {name: adapter_tokenizer(adapter) for name, adapter in self.adapters.items()}
-        """Adapter name -> the tokenizer its directory ships (None: the model's)."""
+        for adapter in self.adapters.values():  # read now: an unreadable tokenizer an adapter ships stops the start
+            llm.info.tokenizer_of(adapter)
         self.next_lora_id = len(self.adapters) + 1
         """The id of the next adapter loaded at run time: ids are never reused (an unloaded adapter's
         requests may still run with its id)."""
@@ -75,7 +74,7 @@ class ServerState:
 
     def tokenizer_for(self, model: str | None) -> Any:
         """The tokenizer of requests naming ``model``: an adapter's own if it ships one, else the model's."""
-        return self.adapter_tokenizers.get(model) or self.tokenizer
+        return self.llm.info.tokenizer_of(self.adapters.get(model))
 
     def check_ready(self) -> None:
         if self.llm.dead_error is not None:
@@ -113,13 +112,12 @@ class ServerState:
     async def _load(self, adapter: LoRARequest) -> LoRARequest:
         """Load ``adapter`` into the engine (under :attr:`lora_lock`) and serve it by its name."""
         try:
-            tokenizer = await asyncio.to_thread(adapter_tokenizer, adapter)
+            await asyncio.to_thread(self.llm.info.tokenizer_of, adapter)  # read off the event loop, once
             await self.llm.add_lora(adapter)
         except ValueError as exc:  # the message names the adapter and what is wrong with it
             raise OpenAIError(400, str(exc), "lora_path", "invalid_lora_adapter") from None
         self.next_lora_id += 1
         self.adapters[adapter.lora_name] = adapter
-        self.adapter_tokenizers[adapter.lora_name] = tokenizer
         logger.info("LoRA adapter %r (id %d) served from %s", adapter.lora_name, adapter.lora_int_id, adapter.lora_path)
         return adapter
 
@@ -130,7 +128,6 @@ class ServerState:
             adapter = self.adapters.pop(name, None)
             if adapter is None:
                 raise OpenAIError(404, f"lora_name: no adapter {name!r} is served", "lora_name", "model_not_found")
-            del self.adapter_tokenizers[name]
             await self.llm.remove_lora(adapter.lora_int_id)
         logger.info("LoRA adapter %r (id %d) unloaded", name, adapter.lora_int_id)
 
