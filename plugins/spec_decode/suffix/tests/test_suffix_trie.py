@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from kvserve_proposer_suffix.trie import SuffixTrie
+from kvserve_proposer_suffix.trie import ROOT, SuffixTrie
 
 
 def runs(sequences: list[list[int]], depth: int) -> Counter:
@@ -24,12 +24,12 @@ def runs(sequences: list[list[int]], depth: int) -> Counter:
 def held(trie: SuffixTrie) -> Counter:
     """The runs the trie holds, with their counts."""
     counts: Counter = Counter()
-    stack = [((), trie.root)]
+    stack = [((), ROOT)]
     while stack:
         run, node = stack.pop()
-        for token, child in node.children.items():
-            assert child.count > 0, f"a run of count {child.count} was kept: {run + (token,)}"
-            counts[run + (token,)] = child.count
+        for token, child in trie.children[node].items():
+            assert trie.counts[child] > 0, f"a run of count {trie.counts[child]} was kept: {run + (token,)}"
+            counts[run + (token,)] = trie.counts[child]
             stack.append((run + (token,), child))
     return counts
 
@@ -70,7 +70,7 @@ def test_removing_a_sequence_leaves_exactly_the_others(depth):
         sequences[i] = []
         expected = runs(sequences, depth)
         assert held(trie) == expected and trie.num_nodes == len(expected)
-    assert trie.num_nodes == 0 and not trie.root.children
+    assert trie.num_nodes == 0 and not trie.children[ROOT]
 
 
 def test_longest_match_has_a_continuation_and_the_draft_follows_the_most_frequent_one():
@@ -78,8 +78,21 @@ def test_longest_match_has_a_continuation_and_the_draft_follows_the_most_frequen
     trie.extend([1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 3, 4, 9, 2, 3])
     node, length = trie.longest_match([7, 9, 2, 3])
     # [9, 2, 3] occurs only at the end (nothing follows); [2, 3] is followed by 4, 5, 4.
-    assert length == 2 and node is trie.root.children[2].children[3]
+    assert length == 2 and node == trie.children[trie.children[ROOT][2]][3]
     assert trie.draft(node, 5, 0.0)[0] == [4, 1, 2, 3]  # 4 (2 of 4 places), then one way on; depth 6 ends it
     assert trie.draft(node, 5, 0.6)[0] == []  # 4's share is 2/4 of the places [2, 3] occurs
     assert trie.draft(node, 1, 0.0) == ([4], 0.5)
-    assert trie.longest_match([8]) == (trie.root, 0)
+    assert trie.longest_match([8]) == (ROOT, 0)
+
+
+@pytest.mark.parametrize("depth", [2, 3, 6])
+def test_the_open_match_is_the_longest_match_of_the_sequence_itself(depth):
+    """``longest_open_match`` (the open nodes) finds what ``longest_match`` walks to, token by token."""
+    rng = random.Random(20 + depth)
+    trie, tokens = SuffixTrie(depth), []
+    for _ in range(300):
+        token = rng.randrange(4)
+        trie.extend([token])
+        tokens.append(token)
+        node, length = trie.longest_open_match()
+        assert (node, length) == trie.longest_match(tokens), tokens[-depth:]

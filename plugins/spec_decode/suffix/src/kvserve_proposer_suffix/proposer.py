@@ -96,8 +96,12 @@ class SuffixProposer(DraftProposer):
         context = self._context(request)
         best: list[int] = []
         best_score = 0.0
-        for trie in (self.requests[request.request_id].trie, self.global_trie):
-            node, length = trie.longest_match(context)
+        own = self.requests[request.request_id].trie
+        # The request's own trie holds its context as its current sequence: the match is at hand.
+        matches = [(own, *own.longest_open_match())]
+        if self.global_trie.num_nodes:
+            matches.append((self.global_trie, *self.global_trie.longest_match(context)))
+        for trie, node, length in matches:
             if length == 0:
                 continue
             limit = min(k, int(self.spec_factor * length))
