@@ -18,7 +18,8 @@ import gguf
 import numpy as np
 import torch
 import transformers
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers.integrations.gguf import convert_gguf_tokenizer, get_gguf_tokenizer
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from kvserve.errors import UnknownComponentError
@@ -110,10 +111,7 @@ def open_gguf(file: Path, tokenizer: str | None = None) -> GGUFSource:
         raise ModelLoadError(f"{file}: {error}") from error
     hf_names = hf_names_by_gguf_name(hf_config, architecture)
     hf_config.quantization_config = gguf_quantization_config(reader, hf_names)
-    if tokenizer is None:
-        hf_tokenizer = load_tokenizer(str(file.parent), gguf_file=file.name)
-    else:
-        hf_tokenizer = load_tokenizer(tokenizer)
+    hf_tokenizer = gguf_tokenizer(file, hf_config) if tokenizer is None else load_tokenizer(tokenizer)
     return GGUFSource(
         hf_config=hf_config,
         tokenizer=hf_tokenizer,
@@ -123,6 +121,25 @@ def open_gguf(file: Path, tokenizer: str | None = None) -> GGUFSource:
         reader=reader,
         hf_names=hf_names,
     )
+
+
+def gguf_tokenizer(file: Path, hf_config: transformers.PretrainedConfig) -> transformers.PreTrainedTokenizerBase:
+    """The tokenizer ``AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name)`` builds, for the
+    ``hf_config`` already read from ``file``; a ModelLoadError naming the file when it cannot be built.
+
+    Given ``gguf_file``, transformers reads the metadata twice more, once through its slow reader only
+    to rebuild the config. Here its fast reader reads the vocabulary once, transformers converts it,
+    and ``AutoTokenizer`` picks the tokenizer class from the config it is given."""
+    try:
+        architecture, tokenizer_dict, tokenizer_kwargs = get_gguf_tokenizer(str(file))
+        backend, converter_kwargs = convert_gguf_tokenizer(architecture, tokenizer_dict)
+        return AutoTokenizer.from_pretrained(
+            str(file.parent), config=hf_config, tokenizer_object=backend, **{**tokenizer_kwargs, **converter_kwargs}
+        )
+    except (OSError, ValueError) as error:
+        raise ModelLoadError(
+            f"cannot load a tokenizer from {file} ({error}); pass the tokenizer's directory explicitly"
+        ) from error
 
 
 def gguf_quantization_config(reader: gguf.GGUFReader, hf_names: dict[str, str]) -> dict:

@@ -8,12 +8,11 @@ from transformers import AutoTokenizer
 from kvserve.loader.source import ModelLoadError
 
 
-def load_tokenizer(location: str, gguf_file: str | None = None) -> transformers.PreTrainedTokenizerBase:
+def load_tokenizer(location: str) -> transformers.PreTrainedTokenizerBase:
     """``AutoTokenizer.from_pretrained(location)``; a failure names ``location`` and the way out."""
     try:
-        return AutoTokenizer.from_pretrained(location, gguf_file=gguf_file)
+        return AutoTokenizer.from_pretrained(location)
     except (OSError, ValueError) as error:
-        where = f"{location}/{gguf_file}" if gguf_file else location
         raise ModelLoadError(
-            f"cannot load a tokenizer from {where} ({error}); pass the tokenizer's directory explicitly"
+            f"cannot load a tokenizer from {location} ({error}); pass the tokenizer's directory explicitly"
         ) from error

@@ -19,6 +19,7 @@ import transformers
 from kvserve.layers import UnquantizedLinearMethod
 from kvserve.loader import open_model
 from kvserve.loader.default_model import COMPLETE_MARKER, embedded_gguf_path
+from kvserve.loader.gguf_source import gguf_tokenizer
 from kvserve_models_llama.model import LlamaForCausalLM
 
 CONVERSION_MESSAGE = "Converting the embedded SmolLM2-135M-Instruct (Q4_1 GGUF) once to"
@@ -67,6 +68,22 @@ def test_converted_config_and_tokenizer(converted):
         [{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True
     )
     assert prompt.endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_gguf_tokenizer_is_the_one_transformers_builds_from_the_file(converted):
+    """The loader builds a GGUF's tokenizer from one read of its vocabulary, for the config it has
+    already read; ``AutoTokenizer`` given the file reads the metadata twice more for the same result."""
+    source, _ = converted
+    file = embedded_gguf_path()
+    reference = transformers.AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name)
+    tokenizer = gguf_tokenizer(file, source.hf_config)
+    assert type(tokenizer) is type(reference)
+    assert tokenizer.backend_tokenizer.to_str() == reference.backend_tokenizer.to_str()  # tokenizer.json
+    assert tokenizer.init_kwargs == reference.init_kwargs  # special tokens, chat template, add_bos_token
+    for text in ("  The capital of France is Paris.\n\nÜber 東京 🤖", "<|im_start|>user\nHi<|im_end|>"):
+        assert tokenizer(text).input_ids == reference(text).input_ids
+    chat = [{"role": "user", "content": "Hi"}]
+    assert tokenizer.apply_chat_template(chat, tokenize=False) == reference.apply_chat_template(chat, tokenize=False)
 
 
 def test_converted_weights_equal_transformers_gguf_reader(converted, hf_from_gguf):
