@@ -97,7 +97,7 @@ class LLMEngine:
         step (:attr:`kvserve.forward_context.ForwardContext.token_metadata`), e.g. LoRA adapter ids."""
         self.lora = self._lora_manager() if config.lora.enable_lora else None
         """The LoRA adapters' cache and slots; None when ``enable_lora`` is off."""
-        self.tokenizers = AdapterTokenizers(self.tokenizer)
+        self.tokenizers = AdapterTokenizers(self.tokenizer, enabled=self.lora is not None)
         """Each request's tokenizer: its adapter's own where the adapter ships one, else the model's."""
         self.states: dict[str, RequestState] = {}
         """Requests by id, until their final output is out."""
@@ -195,7 +195,7 @@ class LLMEngine:
         return check_request(
             prompt_token_ids, params, vocab_size=self.hf_config.vocab_size, max_model_len=self.max_model_len,
             max_n=self.config.scheduler.max_n,
-            tokenizer=self.tokenizer_of(lora_request),
+            tokenizer=self.tokenizers.of(lora_request),
             logits_processors=self.logits_processor_classes,
             structured_outputs=self.config.decoding.structured_outputs_config,
             prompt=prompt, priority=priority, cache_salt=cache_salt, lora_request=lora_request,
@@ -216,11 +216,6 @@ class LLMEngine:
             self.lora.remove(lora_int_id)
         self.tokenizers.forget(lora_int_id)
 
-    def tokenizer_of(self, lora_request: LoRARequest | None) -> Any:
-        """The tokenizer of a request with ``lora_request``: its adapter's own where the adapter ships
-        one, else the model's (also without LoRA on, where such a request is refused when checked)."""
-        return self.tokenizers.of(lora_request if self.lora is not None else None)
-
     def add_request(self, request_id: str, request: CheckedRequest) -> None:
         """Queue a request a front end checked (it is not checked again). ValueError if
         ``request_id`` is in use or the request asks for more than one sample (a front end fans
@@ -233,7 +228,7 @@ class LLMEngine:
             raise ValueError(f"n: the engine runs one sample per request (got {request.params.n}); fan it out first")
         if request.lora_request is not None:
             self.load_lora(request.lora_request)
-        tokenizer = self.tokenizer_of(request.lora_request)
+        tokenizer = self.tokenizers.of(request.lora_request)
         queued = Request(
             request_id,
             list(request.prompt_token_ids),

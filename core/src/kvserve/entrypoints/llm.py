@@ -71,10 +71,7 @@ class LLM:
         if len(sampling_params) != len(prompts):
             raise ValueError(f"sampling_params: {len(sampling_params)} given for {len(prompts)} prompts")
         priority = list(priority) if priority is not None else [0] * len(prompts)
-        if lora_request is None or isinstance(lora_request, LoRARequest):
-            lora_request = [lora_request] * len(prompts)
-        if len(lora_request) != len(prompts):
-            raise ValueError(f"lora_request: {len(lora_request)} given for {len(prompts)} prompts")
+        lora_request = _one_per_prompt(lora_request, len(prompts))
         parsed = [self._parse_prompt(i, p, lora) for i, (p, lora) in enumerate(zip(prompts, lora_request))]
         requests = [  # every prompt checked, once, before any is queued
             self.engine.check_request(
@@ -117,7 +114,7 @@ class LLM:
                     f"got keys {sorted(keys)}"
                 )
         if isinstance(prompt, str):
-            return prompt, self.engine.tokenizer_of(lora_request).encode(prompt)
+            return prompt, self.engine.tokenizers.of(lora_request).encode(prompt)
         if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             return None, list(prompt)
         raise TypeError(
@@ -136,10 +133,10 @@ class LLM:
         (with ``lora_request`` as :meth:`generate` takes it; an adapter that ships a tokenizer renders
         its conversations with that tokenizer's template)."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        loras = lora_request if isinstance(lora_request, Sequence) else [lora_request] * len(conversations)
-        if len(loras) != len(conversations):
-            raise ValueError(f"lora_request: {len(loras)} given for {len(conversations)} conversations")
-        rendered = [render_chat(self.engine.tokenizer_of(lora), conv) for conv, lora in zip(conversations, loras)]
+        lora_request = _one_per_prompt(lora_request, len(conversations))
+        rendered = [
+            render_chat(self.engine.tokenizers.of(lora), conv) for conv, lora in zip(conversations, lora_request)
+        ]
         prompts = [text for text, _ in rendered]
         token_ids = [ids for _, ids in rendered]
         outputs = self.generate(token_ids, sampling_params, use_tqdm, lora_request=lora_request)
@@ -167,3 +164,15 @@ class LLM:
                         results[output.request_id] = output
                         bar.update(1)
         return [results[i] for i in ids]
+
+
+def _one_per_prompt(
+    lora_request: LoRARequest | Sequence[LoRARequest | None] | None, num_prompts: int
+) -> list[LoRARequest | None]:
+    """``lora_request`` as one entry per prompt (one adapter, or None, for all of them); ValueError when a
+    list has another length."""
+    if lora_request is None or isinstance(lora_request, LoRARequest):
+        return [lora_request] * num_prompts
+    if len(lora_request) != num_prompts:
+        raise ValueError(f"lora_request: {len(lora_request)} given for {num_prompts} prompts")
+    return list(lora_request)

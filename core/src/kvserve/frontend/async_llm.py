@@ -128,7 +128,7 @@ class AsyncLLM:
             request = prompt
         else:
             text = prompt if isinstance(prompt, str) else None
-            token_ids = self.info.tokenizer_of(lora_request).encode(prompt) if text is not None else list(prompt)
+            token_ids = self.info.tokenizers.of(lora_request).encode(prompt) if text is not None else list(prompt)
             request = self.validate_prompt(
                 token_ids, params, prompt=text, priority=priority, cache_salt=cache_salt, lora_request=lora_request
             )

@@ -33,16 +33,13 @@ class EngineInfo:
     """SamplingParams fields a request that leaves them unset gets (``LLMEngine.default_sampling_fields``)."""
     enable_lora: bool = False
     """Whether requests may name a LoRA adapter."""
-    tokenizers: AdapterTokenizers = field(init=False, repr=False, compare=False)
-    """Each request's tokenizer: its adapter's own where the adapter ships one, else :attr:`tokenizer`."""
+    tokenizers: AdapterTokenizers | None = field(default=None, repr=False, compare=False)
+    """Each request's tokenizer: its adapter's own where the adapter ships one, else :attr:`tokenizer`
+    (the engine's own cache when it runs in this process; None: a new one)."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "tokenizers", AdapterTokenizers(self.tokenizer))
-
-    def tokenizer_of(self, lora_request: LoRARequest | None) -> Any:
-        """The tokenizer of a request with ``lora_request`` (the model's without ``enable_lora``, where
-        such a request is refused when checked)."""
-        return self.tokenizers.of(lora_request if self.enable_lora else None)
+        if self.tokenizers is None:
+            object.__setattr__(self, "tokenizers", AdapterTokenizers(self.tokenizer, self.enable_lora))
 
     @classmethod
     def from_engine(cls, engine: LLMEngine) -> EngineInfo:
@@ -56,6 +53,7 @@ class EngineInfo:
             structured_outputs=engine.config.decoding.structured_outputs_config,
             default_sampling_fields=dict(engine.default_sampling_fields),
             enable_lora=engine.config.lora.enable_lora,
+            tokenizers=engine.tokenizers,
         )
 
     def check_request(
@@ -72,7 +70,7 @@ class EngineInfo:
         batch-level logits processors."""
         return check_request(
             prompt_token_ids, params, vocab_size=self.vocab_size, max_model_len=self.max_model_len,
-            max_n=self.max_n, tokenizer=self.tokenizer_of(lora_request), logits_processors=self.logits_processors,
+            max_n=self.max_n, tokenizer=self.tokenizers.of(lora_request), logits_processors=self.logits_processors,
             structured_outputs=self.structured_outputs, prompt=prompt, priority=priority, cache_salt=cache_salt,
             lora_request=lora_request, enable_lora=self.enable_lora,
         )  # fmt: skip

@@ -28,16 +28,18 @@ def adapter_tokenizer(lora_request: LoRARequest) -> Any | None:
 
 class AdapterTokenizers:
     """The tokenizer each request's text goes through (its prompt, its ``bad_words``, its output): the
-    one its adapter ships, read once per adapter id, else ``base``, the model's."""
+    one its adapter ships, read once per adapter id, else ``base``, the model's. With LoRA off
+    (``enabled`` false) always ``base``: a request naming an adapter is refused when it is checked."""
 
-    def __init__(self, base: Any) -> None:
+    def __init__(self, base: Any, enabled: bool) -> None:
         self.base = base
+        self.enabled = enabled
         self._shipped: dict[int, Any] = {}  # adapter id -> its own tokenizer, or None: it ships none
 
     def of(self, lora_request: LoRARequest | None) -> Any:
         """``lora_request``'s tokenizer (the model's for None); ValueError naming the adapter when the
         tokenizer it ships cannot be read."""
-        if lora_request is None:
+        if lora_request is None or not self.enabled:
             return self.base
         key = lora_request.lora_int_id
         if key not in self._shipped:

@@ -46,7 +46,7 @@ class ServerState:
         """The adapters served by name (``lora_modules``, then those loaded at run time): a request whose
         ``model`` is one of them runs with that adapter."""
         for adapter in self.adapters.values():  # read now: an unreadable tokenizer an adapter ships stops the start
-            llm.info.tokenizer_of(adapter)
+            llm.info.tokenizers.of(adapter)
         self.next_lora_id = len(self.adapters) + 1
         """The id of the next adapter loaded at run time: ids are never reused (an unloaded adapter's
         requests may still run with its id)."""
@@ -74,7 +74,7 @@ class ServerState:
 
     def tokenizer_for(self, model: str | None) -> Any:
         """The tokenizer of requests naming ``model``: an adapter's own if it ships one, else the model's."""
-        return self.llm.info.tokenizer_of(self.adapters.get(model))
+        return self.llm.info.tokenizers.of(self.adapters.get(model))
 
     def check_ready(self) -> None:
         if self.llm.dead_error is not None:
@@ -112,7 +112,7 @@ class ServerState:
     async def _load(self, adapter: LoRARequest) -> LoRARequest:
         """Load ``adapter`` into the engine (under :attr:`lora_lock`) and serve it by its name."""
         try:
-            await asyncio.to_thread(self.llm.info.tokenizer_of, adapter)  # read off the event loop, once
+            await asyncio.to_thread(self.llm.info.tokenizers.of, adapter)  # read off the event loop, once
             await self.llm.add_lora(adapter)
         except ValueError as exc:  # the message names the adapter and what is wrong with it
             raise OpenAIError(400, str(exc), "lora_path", "invalid_lora_adapter") from None
