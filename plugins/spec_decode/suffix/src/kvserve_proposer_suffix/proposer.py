@@ -93,13 +93,14 @@ class SuffixProposer(DraftProposer):
             self.global_trie.remove(self.cached.popitem(last=False)[1])
 
     def _propose_one(self, request: DraftRequest, k: int) -> list[int]:
-        context = self._context(request)
+        state = self._state(request)
         best: list[int] = []
         best_score = 0.0
-        own = self.requests[request.request_id].trie
-        # The request's own trie holds its context as its current sequence: the match is at hand.
-        matches = [(own, *own.longest_open_match())]
+        # The request's own trie holds its tokens as its current sequence: the match is at hand.
+        matches = [(state.trie, *state.trie.longest_open_match())]
         if self.global_trie.num_nodes:
+            # The request's last max_depth tokens: no longer suffix can match.
+            context = (state.prompt_tail + state.output[-self.max_depth :])[-self.max_depth :]
             matches.append((self.global_trie, *self.global_trie.longest_match(context)))
         for trie, node, length in matches:
             if length == 0:
@@ -110,10 +111,9 @@ class SuffixProposer(DraftProposer):
                 best, best_score = tokens, score
         return best
 
-    def _context(self, request: DraftRequest) -> list[int]:
-        """The request's last ``max_depth`` tokens (no longer suffix can match), its trie brought up
-        to its tokens (only the new ones are added: a preempted and recomputed request has the same
-        tokens, so the trie stays valid)."""
+    def _state(self, request: DraftRequest) -> _Request:
+        """The request's state, its trie brought up to its tokens (only the new ones are added: a
+        preempted and recomputed request has the same tokens, so the trie stays valid)."""
         prompt, output = request.prompt_token_ids, request.output_token_ids
         state = self.requests.get(request.request_id)
         if state is None or len(state.output) > len(output) or state.prompt_size != len(prompt):
@@ -121,4 +121,4 @@ class SuffixProposer(DraftProposer):
         new = output[len(state.output) :]
         state.trie.extend(new)
         state.output.extend(new)
-        return (state.prompt_tail + state.output[-self.max_depth :])[-self.max_depth :]
+        return state
