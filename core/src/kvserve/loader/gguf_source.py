@@ -25,7 +25,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 from kvserve.errors import UnknownComponentError
 from kvserve.interfaces.gguf_architecture import GGUFArchitecture
 from kvserve.loader.source import ModelLoadError, ModelSource
-from kvserve.loader.tokenizer import load_tokenizer
+from kvserve.loader.tokenizer import load_tokenizer, tokenizer_load_error
 from kvserve.plugins import get_plugin_manager, load_component
 
 KIND = "gguf_architecture"
@@ -137,9 +137,7 @@ def gguf_tokenizer(file: Path, hf_config: transformers.PretrainedConfig) -> tran
             str(file.parent), config=hf_config, tokenizer_object=backend, **{**tokenizer_kwargs, **converter_kwargs}
         )
     except (OSError, ValueError) as error:
-        raise ModelLoadError(
-            f"cannot load a tokenizer from {file} ({error}); pass the tokenizer's directory explicitly"
-        ) from error
+        raise tokenizer_load_error(file, error) from error
 
 
 def gguf_quantization_config(reader: gguf.GGUFReader, hf_names: dict[str, str]) -> dict:

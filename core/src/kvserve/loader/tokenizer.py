@@ -13,6 +13,9 @@ def load_tokenizer(location: str) -> transformers.PreTrainedTokenizerBase:
     try:
         return AutoTokenizer.from_pretrained(location)
     except (OSError, ValueError) as error:
-        raise ModelLoadError(
-            f"cannot load a tokenizer from {location} ({error}); pass the tokenizer's directory explicitly"
-        ) from error
+        raise tokenizer_load_error(location, error) from error
+
+
+def tokenizer_load_error(where: object, error: Exception) -> ModelLoadError:
+    """The error of a tokenizer that could not be built from ``where``: what went wrong and the way out."""
+    return ModelLoadError(f"cannot load a tokenizer from {where} ({error}); pass the tokenizer's directory explicitly")
