@@ -1,4 +1,4 @@
-"""LoRA kernel timings on SmolLM2's shapes: one layer's shrink + expand for a decode step (``--rows``
+"""LoRA kernel timings on SmolLM2's shapes: one layer's add_lora_linear (shrink + expand) for a decode step (``--rows``
 one-token rows, default 32) and a prefill chunk, each native path of the CPU platform against core's
 PyTorch kernel.
 
@@ -43,7 +43,7 @@ def time_layer(kernel: LoRAKernel, slots: np.ndarray, shape: tuple[int, list[int
     for _ in range(args.repeats):
         start = time.perf_counter()
         for _ in range(args.iterations):
-            kernel.expand(y, kernel.shrink(x, lora_a, batch), lora_b, batch)
+            kernel.add_lora_linear(y, x, lora_a, lora_b, batch)
         best = min(best, (time.perf_counter() - start) / args.iterations)
     return best * 1e6
 

@@ -53,7 +53,8 @@ def test_segments_of_every_length(path, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_decode_rows_of_one_adapter_are_one_item_and_match_the_torch_kernel(path, dtype):
     """40 decode rows alternating two adapters, base rows between: each adapter's rows become one
-    BGMV item (of rows that are not consecutive), the result as core's kernel's."""
+    BGMV item (of rows that are not consecutive), the result as core's kernel's; the one-pass
+    add_lora_linear bit for bit as shrink then expand (h rounded to the dtype in between)."""
     slots = torch.tensor([0, -1, 3, 0, 3, -1, 0, 3] * 5).numpy()
     batch = plan_lora_batch(slots, torch.device("cpu"))
     kernel = NativeLoRAKernel(path)
@@ -67,8 +68,11 @@ def test_decode_rows_of_one_adapter_are_one_item_and_match_the_torch_kernel(path
     expected = y.clone()
     reference = TorchLoRAKernel()
     reference.expand(expected, reference.shrink(x, lora_a, batch), lora_b, batch)
+    fused = y.clone()
     kernel.expand(y, kernel.shrink(x, lora_a, batch), lora_b, batch)
     torch.testing.assert_close(y, expected, **({} if dtype == torch.float32 else {"atol": 3e-2, "rtol": 2e-2}))
+    kernel.add_lora_linear(fused, x, lora_a, lora_b, batch)
+    assert torch.equal(fused, y), "the one-pass op rounds differently from shrink then expand"
 
 
 def test_float16_runs_on_the_torch_kernel():

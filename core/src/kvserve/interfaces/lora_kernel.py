@@ -33,9 +33,10 @@ class LoRABatch:
 
 
 class LoRAKernel(ABC):
-    """``y += scale · (x A_i) B_i`` for each token's adapter ``i``, as two calls per layer:
-    :meth:`shrink` (``h = x A``, down to the rank) and :meth:`expand` (``y += h B``, per output slice
-    of a packed layer). The scale is folded into ``B`` when an adapter is loaded.
+    """``y += scale · (x A_i) B_i`` for each token's adapter ``i``: :meth:`shrink` (``h = x A``, down
+    to the rank) then :meth:`expand` (``y += h B``, per output slice of a packed layer), which a layer
+    runs as one :meth:`add_lora_linear` (a kernel may fuse the two there). The scale is folded into
+    ``B`` when an adapter is loaded.
 
     Adapters live in slots: ``lora_a`` is ``[slots, in, R]`` and each ``lora_b`` ``[slots, R, out]``,
     one slot per adapter (``R`` the largest rank, a smaller rank zero-padded). Tokens of the base
@@ -69,3 +70,26 @@ class LoRAKernel(ABC):
         slice's output features starting at ``o_s = out_0 + ... + out_{s-1}``. Rows of base tokens of
         ``y`` are left exactly as they were.
         """
+
+    def add_lora_linear(
+        self,
+        y: torch.Tensor,
+        x: torch.Tensor,
+        lora_a: torch.Tensor,
+        lora_b: Sequence[torch.Tensor],
+        batch: LoRABatch,
+        prefetch: Sequence[torch.Tensor] = (),
+    ) -> None:
+        """In place, ``expand(y, shrink(x, lora_a, batch), lora_b, batch)``: what a LoRA layer calls
+        once per forward, with the operands of :meth:`shrink` and :meth:`expand`.
+
+        This default makes the two calls; a kernel overrides it to run both in one pass (``h`` kept
+        in cache between them, one launch or thread-pool wake instead of two). The result is that
+        of the two calls, ``h`` rounded to ``x``'s dtype in between; rows of base tokens of ``y`` are
+        left exactly as they were.
+
+        ``prefetch``: the next LoRA layer's ``lora_a`` and ``lora_b`` tensors (same slots), a hint a
+        kernel may use to start bringing the batch's slots of them into cache once this call's work
+        is done; it never changes a result, and this default ignores it.
+        """
+        self.expand(y, self.shrink(x, lora_a, batch), lora_b, batch)

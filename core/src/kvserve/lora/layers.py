@@ -93,6 +93,10 @@ class LoRALinear(torch.nn.Module):
         self.lora_b = [torch.zeros(max_loras, max_rank, size, dtype=dtype, device=device) for size in output_sizes]
         for index, b in enumerate(self.lora_b):
             self.register_buffer(f"lora_b_{index}", b)
+        self.prefetch: tuple[torch.Tensor, ...] = ()
+        """The next LoRA layer's ``lora_a`` and ``lora_b`` in forward order (set by :class:`LoRASlots`),
+        which the kernel may bring into cache after this layer's term (a hint, see
+        :meth:`~kvserve.interfaces.lora_kernel.LoRAKernel.add_lora_linear`)."""
 
     def set_slot(self, slot: int, slices: list[tuple[torch.Tensor, torch.Tensor] | None]) -> None:
         """Put an adapter in ``slot``: per slice its ``(A [r, in], B [out, r])`` as PEFT saves them,
@@ -112,9 +116,9 @@ class LoRALinear(torch.nn.Module):
         batch = self.step.batch()
         if batch is None:
             return y
-        x2, y2 = x.reshape(-1, x.shape[-1]), y.view(-1, y.shape[-1])
-        kernel = self.step.kernel
-        kernel.expand(y2, kernel.shrink(x2, self.lora_a, batch), self.lora_b, batch)
+        self.step.kernel.add_lora_linear(
+            y.view(-1, y.shape[-1]), x.reshape(-1, x.shape[-1]), self.lora_a, self.lora_b, batch, self.prefetch
+        )
         return y
 
 
@@ -150,6 +154,9 @@ class LoRASlots:
                 self.layers.append((module, lora))
                 for name, size in zip(module.shard_prefixes, module.full_output_sizes):
                     self.targets[name] = (module.full_input_size, size)
+        # Modules are registered in the order the forward runs them: each layer's next is the next one.
+        for (_, lora), (_, following) in zip(self.layers, self.layers[1:]):
+            lora.prefetch = (following.lora_a, *following.lora_b)
 
     def load(self, loads: Iterable[SlotLoad]) -> None:
         """Put each adapter of ``loads`` into its slot, this rank's part of every layer's."""

@@ -1,4 +1,5 @@
-"""The LoRA kernel check: a kernel's shrink and expand against a dense per-token float64 reference.
+"""The LoRA kernel check: a kernel's shrink and expand, and its add_lora_linear, against a dense
+per-token float64 reference.
 
 The platform contract runs it on each platform's kernel; a kernel package's own tests may run it
 too, on whatever device and dtype its kernel can run there (a Triton kernel in the interpreter).
@@ -38,8 +39,9 @@ def check_lora_kernel(
 ) -> LoRACheck:
     """Segments of every length in ``lengths`` (adjacent ones of different slots too), base rows
     between them, empty segments, packed output slices of the ``widths``; against
-    ``y + x A[slot] B[slot]`` per token in float64, base rows exactly as they were. Fails with an
-    AssertionError naming the worst token; returns what it checked.
+    ``y + x A[slot] B[slot]`` per token in float64, base rows exactly as they were: shrink then
+    expand, and add_lora_linear. Fails with an AssertionError naming the calls and the worst token;
+    returns what it checked.
 
     The defaults are the platform contract's case; a kernel's own tests may widen it to reach its
     tiling (segments longer than a tile, ranks and features wider than a block)."""
@@ -65,23 +67,25 @@ def check_lora_kernel(
         h = x[t].double() @ lora_a[slot].double()
         pieces = [h[i * rank : (i + 1) * rank] @ b[slot].double() for i, b in enumerate(lora_b)]
         expected[t] += torch.cat(pieces)
-    y_dev = y.to(device, dtype)
     x_dev, a_dev = x.to(device, dtype), lora_a.to(device, dtype)
     b_dev = [b.to(device, dtype) for b in lora_b]
+    y_dev, y_fused = y.to(device, dtype, copy=True), y.to(device, dtype, copy=True)
     h = kernel.shrink(x_dev, a_dev, batch)
     assert h.shape == (len(slots), len(widths) * rank), f"shrink returned shape {tuple(h.shape)}"
     kernel.expand(y_dev, h, b_dev, batch)
-    got = y_dev.double().cpu()
+    kernel.add_lora_linear(y_fused, x_dev, a_dev, b_dev, batch)
     base = torch.from_numpy(slots < 0)
-    assert torch.equal(got[base], y.to(dtype).double()[base]), "expand changed rows of base-model tokens"
     tolerance = 1e-4 if dtype == torch.float32 else 5e-2
-    error = (got - expected).abs().amax(dim=1)
-    worst = int(error.argmax())
-    assert float(error[worst]) <= tolerance * (1 + float(expected[worst].abs().max())), (
-        f"token {worst} (slot {int(slots[worst])}, in a segment of "
-        f"{next(stop - start for start, stop, _ in segments if start <= worst < stop)} tokens) is off the dense "
-        f"reference by {float(error[worst]):.3g}"
-    )
+    for calls, result in (("shrink + expand", y_dev), ("add_lora_linear", y_fused)):
+        got = result.double().cpu()
+        assert torch.equal(got[base], y.to(dtype).double()[base]), f"{calls} changed rows of base-model tokens"
+        error = (got - expected).abs().amax(dim=1)
+        worst = int(error.argmax())
+        assert float(error[worst]) <= tolerance * (1 + float(expected[worst].abs().max())), (
+            f"{calls}: token {worst} (slot {int(slots[worst])}, in a segment of "
+            f"{next(stop - start for start, stop, _ in segments if start <= worst < stop)} tokens) is off the dense "
+            f"reference by {float(error[worst]):.3g}"
+        )
     return LoRACheck(
         f"{kernel.name} LoRA kernel on {device} in {dtype}: {len(slots)} tokens ({int(base.sum())} base), "
         f"{len(segments)} segments, {num_slots} slots, slices {widths} of rank {rank}; "

@@ -47,7 +47,7 @@ class NativeLoRAKernel(LoRAKernel):
             raise ValueError(f"LoRA kernel path {path!r} is not built here; this CPU runs {', '.join(self.paths)}")
         self.path = path or self.paths[0]
         self.name = f"cpu-native-{self.path}"
-        self._shrink, self._expand = ops.shrink.default, ops.expand.default
+        self._shrink, self._expand, self._fused = ops.shrink.default, ops.expand.default, ops.add_lora_linear.default
         self._fallback = TorchLoRAKernel()
         self._batch: LoRABatch | None = None
         self._plan: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -64,6 +64,23 @@ class NativeLoRAKernel(LoRAKernel):
             return
         rows, items = self._rows_and_items(batch)
         self._expand(y, h, list(lora_b), rows, items, self.path)
+
+    def add_lora_linear(
+        self,
+        y: torch.Tensor,
+        x: torch.Tensor,
+        lora_a: torch.Tensor,
+        lora_b: Sequence[torch.Tensor],
+        batch: LoRABatch,
+        prefetch: Sequence[torch.Tensor] = (),
+    ) -> None:
+        """One C++ pass: each row tile's ``h`` stays in a per-thread buffer between shrink and expand;
+        then the batch's slots of ``prefetch`` are brought into cache."""
+        if y.dtype not in NATIVE_DTYPES:
+            self._fallback.add_lora_linear(y, x, lora_a, lora_b, batch)
+            return
+        rows, items = self._rows_and_items(batch)
+        self._fused(y, x, lora_a, lora_b, rows, items, self.path, prefetch)
 
     def _rows_and_items(self, batch: LoRABatch) -> tuple[torch.Tensor, torch.Tensor]:
         """``rows`` (token indices) and ``items`` (``begin, end, slot`` into ``rows``): each segment of

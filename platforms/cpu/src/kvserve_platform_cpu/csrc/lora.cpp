@@ -4,6 +4,9 @@
 //                                       "portable"
 // kvserve_cpu_lora::shrink(x, lora_a, rows, items, path) -> h
 // kvserve_cpu_lora::expand(y!, h, lora_b[], rows, items, path)
+// kvserve_cpu_lora::add_lora_linear(y!, x, lora_a, lora_b[], rows, items, path, prefetch[])
+//                                       shrink then expand in one pass, then the slots' parts of the
+//                                       `prefetch` tensors (the next layer's A and B) brought into cache
 //
 // The work comes planned by the caller, once per step: `rows` (int64) lists token indices and `items`
 // (int64 [n, 3]: begin, end, slot) says that rows[begin:end] use adapter `slot`. A prefill segment is
@@ -13,7 +16,10 @@
 //
 // An item is cut into register tiles of 8, 4, 2 and 1 rows; a tile multiplies its rows against up to
 // 48 columns (three vectors of 16 float32) of the slot's matrix, k by k, accumulating in float32,
-// and writes h (shrink) or adds into y (expand), rounding to the storage dtype once.
+// and writes h (shrink) or adds into y (expand), rounding to the storage dtype once. shrink and
+// expand share the tiles out column block by column block; add_lora_linear, what a layer runs, shares
+// out whole row tiles, each computing its h into a per-thread buffer and expanding it at once (see
+// run_fused): one thread-pool wake per layer instead of two, bit for bit the two calls' result.
 //
 // Long prefill segments stay here too, not on ATen's matmul: at LoRA's shapes (a rank of 16-64 on
 // one side) ATen's was slower in all but one case measured on this project's 2-core AVX512-BF16 CPU
@@ -269,47 +275,118 @@ struct Slice {
   int64_t ldout, out_offset;
 };
 
-// A tile's worth of work: `count` (8, 4, 2 or 1) rows from rows[first], one slice, one column block.
-struct Job {
-  int64_t first, slot, slice, c0;
+// Rows `in_rows` / `out_rows` (count of them, row indices into the slice's in and out) times the
+// slot's matrix, columns [c0, c0 + kBlock) of the slice.
+template <typename T, bool ADD>
+void slice_tile(const Slice<T>& s, int64_t slot, int64_t c0, const int64_t* in_rows, const int64_t* out_rows,
+                int count, Path path) {
+  Tile<T> t;
+  t.rows = count;
+  t.w = s.w + slot * s.w_slot + c0;
+  t.ldw = s.ldw;
+  t.K = s.K;
+  t.nc = std::min(kBlock, s.n - c0);
+  for (int i = 0; i < count; ++i) {
+    t.in[i] = s.in + in_rows[i] * s.ldin + s.in_offset;
+    t.out[i] = s.out + out_rows[i] * s.ldout + s.out_offset + c0;
+  }
+  run_tile<T, ADD>(t, path);
+}
+
+// The row tiles of every item: `count` (8, 4, 2 or 1) rows from rows[first] use `slot`.
+struct RowTile {
+  int64_t first, slot;
   int count;
 };
 
-// Every item, tile by tile, in parallel over tiles when the work is large enough.
-template <typename T, bool ADD>
-void run_items(const std::vector<Slice<T>>& slices, const int64_t* rows, const int64_t* items, int64_t n_items,
-               Path path) {
-  std::vector<Job> jobs;
-  int64_t macs = 0;
+std::vector<RowTile> row_tiles(const int64_t* items, int64_t n_items) {
+  std::vector<RowTile> tiles;
   for (int64_t it = 0; it < n_items; ++it) {
     const int64_t begin = items[3 * it], end = items[3 * it + 1], slot = items[3 * it + 2];
     for (int64_t first = begin; first < end;) {
       int count = kRowTile;
       while (count > end - first) count /= 2;
-      for (size_t s = 0; s < slices.size(); ++s) {
-        for (int64_t c0 = 0; c0 < slices[s].n; c0 += kBlock) jobs.push_back({first, slot, static_cast<int64_t>(s), c0, count});
-        macs += count * slices[s].K * slices[s].n;
-      }
+      tiles.push_back({first, slot, count});
       first += count;
     }
   }
-  const int64_t grain = macs < kParallelMacs ? std::max<int64_t>(1, jobs.size()) : 1;
-  at::parallel_for(0, static_cast<int64_t>(jobs.size()), grain, [&](int64_t j0, int64_t j1) {
+  return tiles;
+}
+
+int64_t grain_for(int64_t macs, int64_t jobs) { return macs < kParallelMacs ? std::max<int64_t>(1, jobs) : 1; }
+
+// Every item, tile by tile (a row tile times a column block of a slice), in parallel over tiles when
+// the work is large enough.
+template <typename T, bool ADD>
+void run_items(const std::vector<Slice<T>>& slices, const int64_t* rows, const int64_t* items, int64_t n_items,
+               Path path) {
+  struct Job {
+    RowTile tile;
+    size_t slice;
+    int64_t c0;
+  };
+  std::vector<Job> jobs;
+  int64_t macs = 0;
+  for (const RowTile& tile : row_tiles(items, n_items)) {
+    for (size_t s = 0; s < slices.size(); ++s) {
+      for (int64_t c0 = 0; c0 < slices[s].n; c0 += kBlock) jobs.push_back({tile, s, c0});
+      macs += tile.count * slices[s].K * slices[s].n;
+    }
+  }
+  at::parallel_for(0, static_cast<int64_t>(jobs.size()), grain_for(macs, jobs.size()), [&](int64_t j0, int64_t j1) {
     for (int64_t j = j0; j < j1; ++j) {
       const Job& job = jobs[j];
-      const Slice<T>& s = slices[job.slice];
-      Tile<T> t;
-      t.rows = job.count;
-      t.w = s.w + job.slot * s.w_slot + job.c0;
-      t.ldw = s.ldw;
-      t.K = s.K;
-      t.nc = std::min(kBlock, s.n - job.c0);
-      for (int i = 0; i < job.count; ++i) {
-        const int64_t row = rows[job.first + i];
-        t.in[i] = s.in + row * s.ldin + s.in_offset;
-        t.out[i] = s.out + row * s.ldout + s.out_offset + job.c0;
+      const int64_t* r = rows + job.tile.first;
+      slice_tile<T, ADD>(slices[job.slice], job.tile.slot, job.c0, r, r, job.tile.count, path);
+    }
+  });
+}
+
+// Shrink and expand of one layer in one pass: a job is one row tile, whose h (rounded to the storage
+// dtype, as shrink returns it) waits in a per-thread buffer between the two. In a decode step this
+// wakes the thread pool once per layer rather than twice, and h never leaves L1; the row tiles of
+// different adapters (a step's usual case) are what the threads share out.
+//
+// Then each thread prefetches the slots of its tiles in `prefetch` (the next LoRA layer's matrices, as
+// (first byte, bytes per slot)): in a step the adapters' A and B come from DRAM, a tile reads them in
+// runs too short for the hardware prefetcher, and the next layer's base GEMM is compute-bound at batch
+// sizes where LoRA matters, leaving the memory bus free to bring them in meanwhile. The next call has
+// the same tiles, so a thread's prefetches mostly land in the cache of the core that reads them.
+template <typename T>
+void run_fused(const Slice<T>& a, const std::vector<Slice<T>>& b, const int64_t* rows, const int64_t* items,
+               int64_t n_items, const std::vector<std::pair<const char*, int64_t>>& prefetch, Path path) {
+  const std::vector<RowTile> tiles = row_tiles(items, n_items);
+  int64_t macs = 0;
+  for (const RowTile& tile : tiles) {
+    macs += tile.count * a.K * a.n;
+    for (const Slice<T>& s : b) macs += tile.count * s.K * s.n;
+  }
+  static const int64_t kLocal[kRowTile] = {0, 1, 2, 3, 4, 5, 6, 7};
+  const int64_t n_tiles = static_cast<int64_t>(tiles.size());
+  at::parallel_for(0, n_tiles, grain_for(macs, n_tiles), [&](int64_t j0, int64_t j1) {
+    std::vector<T> h(static_cast<size_t>(kRowTile * a.n));
+    Slice<T> shrink = a;
+    shrink.out = h.data();
+    shrink.ldout = a.n;
+    std::vector<Slice<T>> expand = b;
+    for (Slice<T>& s : expand) {
+      s.in = h.data();
+      s.ldin = a.n;
+    }
+    for (int64_t j = j0; j < j1; ++j) {
+      const RowTile& tile = tiles[j];
+      const int64_t* r = rows + tile.first;
+      for (int64_t c0 = 0; c0 < a.n; c0 += kBlock)
+        slice_tile<T, false>(shrink, tile.slot, c0, r, kLocal, tile.count, path);
+      for (const Slice<T>& s : expand)
+        for (int64_t c0 = 0; c0 < s.n; c0 += kBlock) slice_tile<T, true>(s, tile.slot, c0, kLocal, r, tile.count, path);
+    }
+    for (int64_t j = j0; j < j1; ++j) {
+      if (j > j0 && tiles[j].slot == tiles[j - 1].slot) continue;
+      for (const auto& [first, slot_bytes] : prefetch) {
+        const char* p = first + tiles[j].slot * slot_bytes;
+        for (int64_t offset = 0; offset < slot_bytes; offset += 64) __builtin_prefetch(p + offset, 0, 2);
       }
-      run_tile<T, ADD>(t, path);
     }
   });
 }
@@ -351,33 +428,16 @@ void dispatch(at::ScalarType dtype, const Fn& fn) {
     fn(c10::BFloat16{});
 }
 
-at::Tensor shrink(const at::Tensor& x, const at::Tensor& lora_a, const at::Tensor& rows, const at::Tensor& items,
-                  const std::string& path_name) {
+void check_shrink(const at::Tensor& x, const at::Tensor& lora_a) {
   check_rows(x, "x");
   check_matrix(lora_a, x, "lora_a");
   TORCH_CHECK(lora_a.size(1) == x.size(1), "lora_a is ", lora_a.sizes(), " for x of ", x.size(1), " features");
-  check_plan(rows, items, x.size(0), lora_a.size(0));
-  const Path path = parse_path(path_name);
-  const int64_t K = x.size(1), R = lora_a.size(2);
-  at::Tensor h = at::empty({x.size(0), R}, x.options());
-  const int64_t* r = rows.data_ptr<int64_t>();
-  const int64_t* it = items.data_ptr<int64_t>();
-  dispatch(x.scalar_type(), [&](auto zero) {
-    using scalar_t = decltype(zero);
-    const std::vector<Slice<scalar_t>> slices = {{x.data_ptr<scalar_t>(), x.stride(0), 0, lora_a.data_ptr<scalar_t>(),
-                                                  K * R, R, K, R, h.data_ptr<scalar_t>(), R, 0}};
-    run_items<scalar_t, false>(slices, r, it, items.size(0), path);
-  });
-  return h;
 }
 
-void expand(const at::Tensor& y, const at::Tensor& h, const std::vector<at::Tensor>& lora_b, const at::Tensor& rows,
-            const at::Tensor& items, const std::string& path_name) {
+// Checks expand's operands for an h of h_width columns; returns the slices' common rank.
+int64_t check_expand(const at::Tensor& y, const std::vector<at::Tensor>& lora_b, int64_t h_width) {
   check_rows(y, "y");
-  check_rows(h, "h");
   TORCH_CHECK(!lora_b.empty(), "lora_b: at least one slice");
-  TORCH_CHECK(h.scalar_type() == y.scalar_type(), "h is ", h.scalar_type(), " but y is ", y.scalar_type());
-  TORCH_CHECK(h.size(0) == y.size(0), "h has ", h.size(0), " rows, y ", y.size(0));
   const int64_t rank = lora_b[0].size(1);
   int64_t width = 0;
   for (const at::Tensor& b : lora_b) {
@@ -386,25 +446,84 @@ void expand(const at::Tensor& y, const at::Tensor& h, const std::vector<at::Tens
                 rank, ", out]; got ", b.sizes());
     width += b.size(2);
   }
-  TORCH_CHECK(h.size(1) == static_cast<int64_t>(lora_b.size()) * rank, "h has ", h.size(1), " columns for ",
+  TORCH_CHECK(h_width == static_cast<int64_t>(lora_b.size()) * rank, "h has ", h_width, " columns for ",
               lora_b.size(), " slices of rank ", rank);
   TORCH_CHECK(y.size(1) == width, "y has ", y.size(1), " columns, the slices ", width);
+  return rank;
+}
+
+// x's rows times the slot's lora_a, into h (K = x's features, n = lora_a's columns).
+template <typename T>
+Slice<T> shrink_slice(const at::Tensor& x, const at::Tensor& lora_a, T* h) {
+  const int64_t K = x.size(1), R = lora_a.size(2);
+  return {x.data_ptr<T>(), x.stride(0), 0, lora_a.data_ptr<T>(), K * R, R, K, R, h, R, 0};
+}
+
+// h's columns s*rank : (s+1)*rank times slice s's lora_b, added into y's columns of that slice.
+template <typename T>
+std::vector<Slice<T>> expand_slices(const at::Tensor& y, const T* h, int64_t ldh, const std::vector<at::Tensor>& lora_b,
+                                    int64_t rank) {
+  std::vector<Slice<T>> slices;
+  int64_t offset = 0;
+  for (size_t s = 0; s < lora_b.size(); ++s) {
+    const int64_t out = lora_b[s].size(2);
+    slices.push_back({h, ldh, static_cast<int64_t>(s) * rank, lora_b[s].data_ptr<T>(), rank * out, out, rank, out,
+                      y.data_ptr<T>(), y.stride(0), offset});
+    offset += out;
+  }
+  return slices;
+}
+
+at::Tensor shrink(const at::Tensor& x, const at::Tensor& lora_a, const at::Tensor& rows, const at::Tensor& items,
+                  const std::string& path_name) {
+  check_shrink(x, lora_a);
+  check_plan(rows, items, x.size(0), lora_a.size(0));
+  const Path path = parse_path(path_name);
+  at::Tensor h = at::empty({x.size(0), lora_a.size(2)}, x.options());
+  dispatch(x.scalar_type(), [&](auto zero) {
+    using scalar_t = decltype(zero);
+    run_items<scalar_t, false>({shrink_slice<scalar_t>(x, lora_a, h.data_ptr<scalar_t>())}, rows.data_ptr<int64_t>(),
+                               items.data_ptr<int64_t>(), items.size(0), path);
+  });
+  return h;
+}
+
+void expand(const at::Tensor& y, const at::Tensor& h, const std::vector<at::Tensor>& lora_b, const at::Tensor& rows,
+            const at::Tensor& items, const std::string& path_name) {
+  check_rows(h, "h");
+  const int64_t rank = check_expand(y, lora_b, h.size(1));
+  TORCH_CHECK(h.scalar_type() == y.scalar_type(), "h is ", h.scalar_type(), " but y is ", y.scalar_type());
+  TORCH_CHECK(h.size(0) == y.size(0), "h has ", h.size(0), " rows, y ", y.size(0));
   check_plan(rows, items, y.size(0), lora_b[0].size(0));
   const Path path = parse_path(path_name);
-  const int64_t* r = rows.data_ptr<int64_t>();
-  const int64_t* it = items.data_ptr<int64_t>();
   dispatch(y.scalar_type(), [&](auto zero) {
     using scalar_t = decltype(zero);
-    std::vector<Slice<scalar_t>> slices;
-    int64_t offset = 0;
-    for (size_t s = 0; s < lora_b.size(); ++s) {
-      const int64_t out = lora_b[s].size(2);
-      slices.push_back({h.data_ptr<scalar_t>(), h.stride(0), static_cast<int64_t>(s) * rank,
-                        lora_b[s].data_ptr<scalar_t>(), rank * out, out, rank, out, y.data_ptr<scalar_t>(),
-                        y.stride(0), offset});
-      offset += out;
-    }
-    run_items<scalar_t, true>(slices, r, it, items.size(0), path);
+    run_items<scalar_t, true>(expand_slices<scalar_t>(y, h.data_ptr<scalar_t>(), h.stride(0), lora_b, rank),
+                              rows.data_ptr<int64_t>(), items.data_ptr<int64_t>(), items.size(0), path);
+  });
+}
+
+void add_lora_linear(const at::Tensor& y, const at::Tensor& x, const at::Tensor& lora_a,
+                     const std::vector<at::Tensor>& lora_b, const at::Tensor& rows, const at::Tensor& items,
+                     const std::string& path_name, const std::vector<at::Tensor>& prefetch) {
+  check_shrink(x, lora_a);
+  const int64_t rank = check_expand(y, lora_b, lora_a.size(2));
+  TORCH_CHECK(x.scalar_type() == y.scalar_type(), "x is ", x.scalar_type(), " but y is ", y.scalar_type());
+  TORCH_CHECK(x.size(0) == y.size(0), "x has ", x.size(0), " rows, y ", y.size(0));
+  check_plan(rows, items, y.size(0), std::min(lora_a.size(0), lora_b[0].size(0)));
+  const Path path = parse_path(path_name);
+  std::vector<std::pair<const char*, int64_t>> ahead;
+  for (const at::Tensor& m : prefetch) {
+    TORCH_CHECK(m.is_contiguous() && m.device().is_cpu() && m.dim() >= 1 && m.size(0) == lora_a.size(0),
+                "prefetch: contiguous CPU tensors of ", lora_a.size(0), " slots; got ", m.sizes());
+    ahead.emplace_back(static_cast<const char*>(m.data_ptr()), m.numel() / m.size(0) * m.element_size());
+  }
+  dispatch(y.scalar_type(), [&](auto zero) {
+    using scalar_t = decltype(zero);
+    // The h pointers are placeholders: each thread points the slices at its own buffer.
+    run_fused<scalar_t>(shrink_slice<scalar_t>(x, lora_a, nullptr),
+                        expand_slices<scalar_t>(y, nullptr, 0, lora_b, rank), rows.data_ptr<int64_t>(),
+                        items.data_ptr<int64_t>(), items.size(0), ahead, path);
   });
 }
 
@@ -414,9 +533,13 @@ TORCH_LIBRARY(kvserve_cpu_lora, m) {
   m.def("paths() -> str[]", &paths);
   m.def("shrink(Tensor x, Tensor lora_a, Tensor rows, Tensor items, str path) -> Tensor");
   m.def("expand(Tensor(a!) y, Tensor h, Tensor[] lora_b, Tensor rows, Tensor items, str path) -> ()");
+  m.def(
+      "add_lora_linear(Tensor(a!) y, Tensor x, Tensor lora_a, Tensor[] lora_b, Tensor rows, Tensor items, str path, "
+      "Tensor[] prefetch) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(kvserve_cpu_lora, CPU, m) {
   m.impl("shrink", &shrink);
   m.impl("expand", &expand);
+  m.impl("add_lora_linear", &add_lora_linear);
 }
