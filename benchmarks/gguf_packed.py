@@ -1,15 +1,24 @@
-"""The embedded SmolLM2 GGUF kept in its GGML blocks (``quantization="gguf"``, kvserve-quant-gguf) against
-today's dequantized path (``quantization="none"``: every weight to the model dtype at load), one fresh
-process each so neither warms the other's caches:
+"""A GGUF file in kvserve, kept in its GGML blocks (``quantization="gguf"``, kvserve-quant-gguf) and
+dequantized at load (``quantization="none"``), against llama.cpp on the same file and threads.
+
+Each kvserve mode runs in a fresh process (so neither warms the other's caches), bfloat16:
 
 - start-up: building ``LLM`` on the ``.gguf`` file (parse, load, kernel build if not cached);
-- single-stream decode tokens/s: one prompt, ``--tokens`` greedy tokens (ignore_eos), best of ``--repeat``;
-- batch tokens/s: ``--batch`` prompts at once, ``--tokens`` each.
+- one stream: one prompt of ``--prompt-len`` token ids, ``--tokens`` greedy tokens (``ignore_eos``);
+- batch: ``--batch`` such prompts at once.
 
-Prints each figure, the packed/dequantized ratio, and the CPU's name and the ISA flags that matter
-(avx512_vnni, avx512_bf16, amx). The machine's other load is not controlled: run it on a quiet machine.
+Rates are generated tokens per second over the whole ``generate`` call, prefill included; each is
+the best of ``--repeat``. The prompts are random token ids of the model's vocabulary (seeded), as
+llama.cpp's ``llama-batched-bench`` makes its own. With llama.cpp's tools (``benchmarks/peers/setup.sh`` with
+``WITH_LLAMACPP=1``; ``--llamacpp`` names their folder), ``llama-batched-bench -npp PROMPT_LEN -ntg
+TOKENS -npl 1,BATCH`` runs too, with ``-t``/``-tb`` the threads kvserve has, and each kvserve figure
+gets its ratio to llama.cpp's: generated tokens over the whole run (``B·TG / T``, prefill included,
+like for like) and, for reference, its decode-only rate (``S_TG``).
 
-    python benchmarks/gguf_packed.py --tokens 64 --batch 32
+Prints the CPU's name and the ISA flags that matter (avx512_vnni, avx512_bf16, amx). The machine's
+other load is not controlled: run it on a quiet machine.
+
+    python benchmarks/gguf_packed.py --tokens 128 --batch 32
 """
 
 from __future__ import annotations
@@ -19,52 +28,109 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
+
+PEERS = Path(os.environ.get("KVSERVE_PEERS_DIR", Path.home() / ".cache/kvserve-peers"))
+DEFAULT_LLAMACPP = PEERS / "llamacpp-build/bin"
 
 RUN = """
-import json, sys, time
-from kvserve import LLM, SamplingParams
-from kvserve.loader.default_model import embedded_gguf_path
-quantization, tokens, batch, repeat = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+import json, random, sys, time
+from kvserve import LLM
+from kvserve.benchmarking.offline import fixed_length_params
+model, quantization, prompt_len, batch, tokens, repeat = json.loads(sys.argv[1])
 start = time.perf_counter()
-llm = LLM(str(embedded_gguf_path()), quantization=quantization, max_model_len=512)
+llm = LLM(model, quantization=quantization, dtype="bfloat16", max_model_len=512)
 startup = time.perf_counter() - start
-params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
-llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
-def rate(prompts):
+rng, vocab = random.Random(0), len(llm.get_tokenizer())
+prompts = [[rng.randrange(vocab) for _ in range(prompt_len)] for _ in range(batch)]
+llm.generate(prompts[:1], fixed_length_params(4), use_tqdm=False)
+def rate(batch):
     best = 0.0
     for _ in range(repeat):
         start = time.perf_counter()
-        llm.generate(prompts, params, use_tqdm=False)
-        best = max(best, len(prompts) * tokens / (time.perf_counter() - start))
+        llm.generate(batch, fixed_length_params(tokens), use_tqdm=False)
+        best = max(best, len(batch) * tokens / (time.perf_counter() - start))
     return best
-single = rate(["Write a short story about a lighthouse keeper."])
-many = rate([f"Question {i}: name a city in country number {i}." for i in range(batch)])
-print(json.dumps({"startup_s": startup, "single_tok_s": single, "batch_tok_s": many}))
+print(json.dumps({"startup_s": startup, "single_tok_s": rate(prompts[:1]), "batch_tok_s": rate(prompts)}))
 """
 
 
-def measure(quantization: str, args: argparse.Namespace) -> dict[str, float]:
-    """The figures of one fresh process."""
-    command = [sys.executable, "-c", RUN, quantization, str(args.tokens), str(args.batch), str(args.repeat)]
-    out = subprocess.run(command, check=True, capture_output=True, text=True, env=os.environ).stdout
-    return json.loads(out.strip().splitlines()[-1])
+def measure(model: str, quantization: str, args: argparse.Namespace) -> dict[str, float]:
+    """The figures of one fresh kvserve process."""
+    spec = json.dumps([model, quantization, args.prompt_len, args.batch, args.tokens, args.repeat])
+    out = subprocess.run([sys.executable, "-c", RUN, spec], check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def batched_bench_rows(text: str) -> list[dict[str, float]]:
+    """The rows of ``llama-batched-bench``'s table (``| PP | TG | B | N_KV | T_PP s | ... |``), by column."""
+    lines = [line.strip().strip("|").split("|") for line in text.splitlines() if line.strip().startswith("|")]
+    header = next((cells for cells in lines if "S_TG t/s" in [c.strip() for c in cells]), None)
+    if header is None:
+        raise SystemExit(f"llama-batched-bench printed no table:\n{text[-2000:]}")
+    names = [c.strip() for c in header]
+    rows = []
+    for cells in lines:
+        try:
+            rows.append(dict(zip(names, (float(c) for c in cells), strict=True)))
+        except ValueError:  # the header and the |---| rule
+            continue
+    return rows
+
+
+def llamacpp(binaries: Path, model: str, args: argparse.Namespace, threads: int) -> dict[int, dict[str, float]]:
+    """``llama-batched-bench`` at 1 and ``--batch`` sequences: per batch size, generated tokens/s over
+    the whole run (``whole``) and over its decode phase (``decode``, llama.cpp's ``S_TG``)."""
+    context = args.batch * (args.prompt_len + args.tokens) + 64
+    command = [str(binaries / "llama-batched-bench"), "-m", model, "-c", str(context), "-b", "2048", "-ub", "512"]
+    command += ["-npp", str(args.prompt_len), "-ntg", str(args.tokens), "-npl", f"1,{args.batch}"]
+    command += ["-t", str(threads), "-tb", str(threads)]
+    out = subprocess.run(command, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"llama-batched-bench failed ({out.returncode}):\n{out.stderr[-2000:]}")
+    return {
+        int(row["B"]): {"whole": row["B"] * row["TG"] / row["T s"], "decode": row["S_TG t/s"]}
+        for row in batched_bench_rows(out.stdout)
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--model", default=None, help="a .gguf file; default the embedded SmolLM2's")
+    parser.add_argument("--prompt-len", type=int, default=32)
+    parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--modes", nargs="+", default=["gguf", "none"], help="kvserve quantization values")
+    parser.add_argument(
+        "--llamacpp", type=Path, default=DEFAULT_LLAMACPP, help="llama.cpp's tools; skipped where absent"
+    )
     args = parser.parse_args()
+    from kvserve.loader.default_model import embedded_gguf_path
     from kvserve_cpu_native import cpu_name_and_flags
 
+    model = args.model or str(embedded_gguf_path())
+    threads = int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count())
     name, flags = cpu_name_and_flags()
     isa = [flag for flag in ("avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "avx2") if flag in flags]
-    print(f"CPU: {name}; ISA: {' '.join(isa)}; threads: {os.environ.get('OMP_NUM_THREADS', 'all')}")
-    packed, dense = measure("gguf", args), measure("none", args)
-    for key, label in [("startup_s", "start-up s"), ("single_tok_s", "single tok/s"), ("batch_tok_s", "batch tok/s")]:
-        print(f"{label:>13}: gguf (packed) {packed[key]:8.2f}  none (dequantized) {dense[key]:8.2f}  "
-              f"ratio {packed[key] / dense[key]:.2f}")  # fmt: skip
+    print(f"CPU: {name}; ISA: {' '.join(isa)}; threads: {threads}; {Path(model).name}")
+    results = {mode: measure(model, mode, args) for mode in args.modes}
+    peer = None
+    if (args.llamacpp / "llama-batched-bench").exists():
+        peer = llamacpp(args.llamacpp, model, args, threads)
+    else:
+        print(f"(no llama.cpp in {args.llamacpp}: WITH_LLAMACPP=1 benchmarks/peers/setup.sh builds it)")
+
+    print(f"\n{args.prompt_len}-token prompts, {args.tokens} generated tokens each; tokens/s, best of {args.repeat}")
+    header = f"{'':<22}" + "".join(f"{'kvserve ' + mode:>16}" for mode in args.modes)
+    print(header + ("  llama.cpp (decode only)" if peer else ""))
+    print(f"{'start-up s':<22}" + "".join(f"{results[m]['startup_s']:>16.1f}" for m in args.modes))
+    for key, label, batch in [("single_tok_s", "one stream", 1), ("batch_tok_s", f"{args.batch} prompts", args.batch)]:
+        line = f"{label + ' tok/s':<22}" + "".join(f"{results[m][key]:>16.1f}" for m in args.modes)
+        if peer:
+            line += f"  {peer[batch]['whole']:>8.1f} ({peer[batch]['decode']:.1f})"
+            line += "".join(f"   {m} {results[m][key] / peer[batch]['whole']:.2f}x" for m in args.modes)
+        print(line)
 
 
 if __name__ == "__main__":

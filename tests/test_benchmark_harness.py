@@ -109,3 +109,22 @@ def test_machine_isa_names_the_widest_matmul_extension():
         assert "AVX-512" in isa and "no AMX" in isa and ("BF16" in isa) == ("avx512_bf16" in flags)
     elif "avx2" in flags:
         assert "AVX2, no AVX-512" in isa
+
+
+def test_llama_batched_bench_table_is_read_by_column():
+    """llama.cpp's ``llama-batched-bench`` table (this text is its output on the embedded SmolLM2, one
+    thread), read by column name: the header and the rule are skipped, every number is kept."""
+    from gguf_packed import batched_bench_rows
+
+    printed = """
+llama_batched_bench: n_kv_max = 512, n_batch = 2048, n_ubatch = 512, flash_attn = -1, is_pp_shared = 0
+
+|    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |      T s |    S t/s |
+|-------|--------|------|--------|----------|----------|----------|----------|----------|----------|
+|     8 |      4 |    1 |     12 |    0.038 |   210.83 |    0.026 |   151.20 |    0.064 |   186.34 |
+|     8 |      4 |    2 |     24 |    0.078 |   204.80 |    0.069 |   116.09 |    0.147 |   163.22 |
+"""
+    rows = batched_bench_rows(printed)
+    assert [(row["B"], row["S_TG t/s"], row["T s"]) for row in rows] == [(1, 151.20, 0.064), (2, 116.09, 0.147)]
+    with pytest.raises(SystemExit, match="no table"):
+        batched_bench_rows("error: failed to load model")
