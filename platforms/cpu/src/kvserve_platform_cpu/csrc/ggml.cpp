@@ -24,9 +24,11 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
@@ -57,6 +59,8 @@ constexpr int64_t kDotRows = 1;
 // Output features a thread dequantizes at once: kTile x K bfloat16 stays in L2 (96 KiB at K = 1536) while
 // every row passes over it, and a 576-feature layer still splits into 18 tiles across threads.
 constexpr int64_t kTile = 32;
+// The AVX512-BF16 register block: kMR rows x kNR features of 16-lane accumulators.
+constexpr int kMR = 4, kNR = 4;
 
 inline float half_at(const uint8_t* p) {
   uint16_t bits;
@@ -376,21 +380,42 @@ inline __m256i nibbles(const uint8_t* p) {
   return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), low), _mm_and_si128(qs, low));
 }
 
+// Every weight of a 4-bit (5-bit) block is one of 16 (32) values: those are computed, rounded to bfloat16 and
+// looked up by the quants (vpermw), which costs less than widening and scaling each of the 32 weights.
+inline __m512i lookup_bf16(__m256i q, __m512i table) {
+  return _mm512_permutexvar_epi16(_mm512_cvtepu8_epi16(q), table);
+}
+
+// The levels q - bias for q = first, first + 1, ..., first + 15, as float32.
+inline __m512 levels(int first) {
+  return _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_set1_epi32(first),
+                                             _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)));
+}
+
 template <bool kOffset, bool kFifthBit>
 inline void dequantize_q4_q5_bf16(const uint8_t* w, uint16_t* out) {
   const __m512 d = _mm512_set1_ps(half_f16c(w));
   const __m512 m = _mm512_set1_ps(kOffset ? half_f16c(w + 2) : 0.f);
   const uint8_t* p = w + (kOffset ? 4 : 2);
+  const int bias = kOffset ? 0 : (kFifthBit ? 16 : 8);
+  __m512 v0 = _mm512_mul_ps(levels(-bias), d), v1 = _mm512_mul_ps(levels(16 - bias), d);
+  if (kOffset) {
+    v0 = _mm512_add_ps(v0, m);
+    v1 = _mm512_add_ps(v1, m);
+  }
   __m256i q;
+  __m512i table;
   if (kFifthBit) {
     uint32_t qh;
     std::memcpy(&qh, p, 4);
     q = nibbles(p + 4);
     q = _mm256_mask_add_epi8(q, qh, q, _mm256_set1_epi8(0x10));
+    table = (__m512i)_mm512_cvtne2ps_pbh(v1, v0);
   } else {
     q = nibbles(p);
+    table = _mm512_castsi256_si512((__m256i)_mm512_cvtneps_pbh(v0));
   }
-  scale_store<kOffset>(q, kOffset ? 0 : (kFifthBit ? 16 : 8), d, m, out);
+  _mm512_storeu_si512(out, lookup_bf16(q, table));
 }
 
 inline void dequantize_q8_0_bf16(const uint8_t* w, uint16_t* out) {
@@ -507,22 +532,19 @@ void micro_bf16(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t K, fl
     }
   }
   for (int i = 0; i < MR; ++i) {
-    if (NR == 4) {
-      store_sums4(acc[i], y + i * ldy);
-    } else {
-      for (int j = 0; j < NR; ++j) y[i * ldy + j] = _mm512_reduce_add_ps(acc[i][j]);
-    }
+    int j = 0;
+    for (; j + 4 <= NR; j += 4) store_sums4(acc[i] + j, y + i * ldy + j);
+    for (; j < NR; ++j) y[i * ldy + j] = _mm512_reduce_add_ps(acc[i][j]);
   }
 }
 
 using MicroBf16 = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, float*, int64_t);
-// kMicroBf16[MR - 1][NR - 1]: full 4 x 4 blocks, and the smaller ones at a tile's or the rows' edge.
-constexpr MicroBf16 kMicroBf16[4][4] = {
-    {micro_bf16<1, 1>, micro_bf16<1, 2>, micro_bf16<1, 3>, micro_bf16<1, 4>},
-    {micro_bf16<2, 1>, micro_bf16<2, 2>, micro_bf16<2, 3>, micro_bf16<2, 4>},
-    {micro_bf16<3, 1>, micro_bf16<3, 2>, micro_bf16<3, 3>, micro_bf16<3, 4>},
-    {micro_bf16<4, 1>, micro_bf16<4, 2>, micro_bf16<4, 3>, micro_bf16<4, 4>},
-};
+// kMicroBf16[(MR - 1) * kNR + NR - 1]: full kMR x kNR blocks, and the smaller ones at a tile's or the rows' edge.
+template <size_t... I>
+constexpr std::array<MicroBf16, sizeof...(I)> micro_bf16_table(std::index_sequence<I...>) {
+  return {micro_bf16<I / kNR + 1, I % kNR + 1>...};
+}
+constexpr auto kMicroBf16 = micro_bf16_table(std::make_index_sequence<kMR * kNR>());
 
 #endif
 
@@ -583,11 +605,11 @@ at::Tensor ggml_tiled_linear(const at::Tensor& x, const at::Tensor& blocks, int6
 #if defined(KVSERVE_BF16)
       if (bf16) {
         for (int64_t n = 0; n < nt; ++n) dequantize_row_bf16(type, w + (n0 + n) * row_bytes, K, &tile_bf16[n * K]);
-        for (int64_t n = 0; n < nt; n += 4) {
-          const int64_t nr = std::min<int64_t>(4, nt - n);
-          for (int64_t m = 0; m < M; m += 4) {
-            const int64_t mr = std::min<int64_t>(4, M - m);
-            kMicroBf16[mr - 1][nr - 1](xb + m * K, K, &tile_bf16[n * K], K, y + m * N + n0 + n, N);
+        for (int64_t n = 0; n < nt; n += kNR) {
+          const int64_t nr = std::min<int64_t>(kNR, nt - n);
+          for (int64_t m = 0; m < M; m += kMR) {
+            const int64_t mr = std::min<int64_t>(kMR, M - m);
+            kMicroBf16[(mr - 1) * kNR + nr - 1](xb + m * K, K, &tile_bf16[n * K], K, y + m * N + n0 + n, N);
           }
         }
         continue;
