@@ -325,20 +325,24 @@ inline void dequantize_q6_k(const uint8_t* w, float* out) {
   }
 }
 
-// One output feature's row of K weights, float32, exactly as ggml.py computes them.
-void dequantize_row(int64_t type, const uint8_t* w, int64_t K, float* out) {
-  const TileFormat f = tile_format(type);
-  for (int64_t k = 0; k < K; k += f.block, w += f.bytes, out += f.block) {
-    switch (type) {
-      case kQ4_0: dequantize_q4_q5<false, false>(w, out); break;
-      case kQ4_1: dequantize_q4_q5<true, false>(w, out); break;
-      case kQ5_0: dequantize_q4_q5<false, true>(w, out); break;
-      case kQ5_1: dequantize_q4_q5<true, true>(w, out); break;
-      case kQ8_0: dequantize_q8_0(w, out); break;
-      case kQ4_K: dequantize_k4_k5<false>(w, out); break;
-      case kQ5_K: dequantize_k4_k5<true>(w, out); break;
-      default: dequantize_q6_k(w, out); break;
-    }
+// `count` consecutive blocks (a tile's rows lie one after the other) into `out`, one type's loop each, so
+// that the type's constants stay in registers across its blocks.
+template <int64_t kWeights, int64_t kBytes, typename T, void (*kDequantize)(const uint8_t*, T*)>
+void dequantize_blocks(const uint8_t* w, int64_t count, T* out) {
+  for (int64_t b = 0; b < count; ++b) kDequantize(w + b * kBytes, out + b * kWeights);
+}
+
+// `count` blocks of `type`, float32, exactly as ggml.py computes them.
+void dequantize_tile(int64_t type, const uint8_t* w, int64_t count, float* out) {
+  switch (type) {
+    case kQ4_0: return dequantize_blocks<kBlock, 18, float, dequantize_q4_q5<false, false>>(w, count, out);
+    case kQ4_1: return dequantize_blocks<kBlock, 20, float, dequantize_q4_q5<true, false>>(w, count, out);
+    case kQ5_0: return dequantize_blocks<kBlock, 22, float, dequantize_q4_q5<false, true>>(w, count, out);
+    case kQ5_1: return dequantize_blocks<kBlock, 24, float, dequantize_q4_q5<true, true>>(w, count, out);
+    case kQ8_0: return dequantize_blocks<kBlock, 34, float, dequantize_q8_0>(w, count, out);
+    case kQ4_K: return dequantize_blocks<kSuper, 144, float, dequantize_k4_k5<false>>(w, count, out);
+    case kQ5_K: return dequantize_blocks<kSuper, 176, float, dequantize_k4_k5<true>>(w, count, out);
+    default: return dequantize_blocks<kSuper, 210, float, dequantize_q6_k>(w, count, out);
   }
 }
 
@@ -470,20 +474,17 @@ inline void dequantize_q6_k_bf16(const uint8_t* w, uint16_t* out) {
   }
 }
 
-// One output feature's row of K weights, in bfloat16.
-void dequantize_row_bf16(int64_t type, const uint8_t* w, int64_t K, uint16_t* out) {
-  const TileFormat f = tile_format(type);
-  for (int64_t k = 0; k < K; k += f.block, w += f.bytes, out += f.block) {
-    switch (type) {
-      case kQ4_0: dequantize_q4_q5_bf16<false, false>(w, out); break;
-      case kQ4_1: dequantize_q4_q5_bf16<true, false>(w, out); break;
-      case kQ5_0: dequantize_q4_q5_bf16<false, true>(w, out); break;
-      case kQ5_1: dequantize_q4_q5_bf16<true, true>(w, out); break;
-      case kQ8_0: dequantize_q8_0_bf16(w, out); break;
-      case kQ4_K: dequantize_k4_k5_bf16<false>(w, out); break;
-      case kQ5_K: dequantize_k4_k5_bf16<true>(w, out); break;
-      default: dequantize_q6_k_bf16(w, out); break;
-    }
+// `count` blocks of `type`, in bfloat16.
+void dequantize_tile_bf16(int64_t type, const uint8_t* w, int64_t count, uint16_t* out) {
+  switch (type) {
+    case kQ4_0: return dequantize_blocks<kBlock, 18, uint16_t, dequantize_q4_q5_bf16<false, false>>(w, count, out);
+    case kQ4_1: return dequantize_blocks<kBlock, 20, uint16_t, dequantize_q4_q5_bf16<true, false>>(w, count, out);
+    case kQ5_0: return dequantize_blocks<kBlock, 22, uint16_t, dequantize_q4_q5_bf16<false, true>>(w, count, out);
+    case kQ5_1: return dequantize_blocks<kBlock, 24, uint16_t, dequantize_q4_q5_bf16<true, true>>(w, count, out);
+    case kQ8_0: return dequantize_blocks<kBlock, 34, uint16_t, dequantize_q8_0_bf16>(w, count, out);
+    case kQ4_K: return dequantize_blocks<kSuper, 144, uint16_t, dequantize_k4_k5_bf16<false>>(w, count, out);
+    case kQ5_K: return dequantize_blocks<kSuper, 176, uint16_t, dequantize_k4_k5_bf16<true>>(w, count, out);
+    default: return dequantize_blocks<kSuper, 210, uint16_t, dequantize_q6_k_bf16>(w, count, out);
   }
 }
 #endif
@@ -604,7 +605,7 @@ at::Tensor ggml_tiled_linear(const at::Tensor& x, const at::Tensor& blocks, int6
       const int64_t n0 = t * kTile, nt = std::min(kTile, N - n0);
 #if defined(KVSERVE_BF16)
       if (bf16) {
-        for (int64_t n = 0; n < nt; ++n) dequantize_row_bf16(type, w + (n0 + n) * row_bytes, K, &tile_bf16[n * K]);
+        dequantize_tile_bf16(type, w + n0 * row_bytes, nt * K / f.block, tile_bf16.data());
         for (int64_t n = 0; n < nt; n += kNR) {
           const int64_t nr = std::min<int64_t>(kNR, nt - n);
           for (int64_t m = 0; m < M; m += kMR) {
@@ -616,7 +617,7 @@ at::Tensor ggml_tiled_linear(const at::Tensor& x, const at::Tensor& blocks, int6
       }
 #endif
       // The float32 weights rounded to bfloat16 as the AVX512-BF16 path rounds them.
-      for (int64_t n = 0; n < nt; ++n) dequantize_row(type, w + (n0 + n) * row_bytes, K, &tile[n * K]);
+      dequantize_tile(type, w + n0 * row_bytes, nt * K / f.block, tile.data());
       for (int64_t i = 0; i < nt * K; ++i) tile[i] = bf16_value(bf16_bits(tile[i]));
       for (int64_t n = 0; n < nt; n += 4) {
         const int64_t nr = std::min<int64_t>(4, nt - n);
