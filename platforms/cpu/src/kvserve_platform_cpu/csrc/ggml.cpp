@@ -59,6 +59,10 @@ constexpr int64_t kDotRows = 1;
 // Output features a thread dequantizes at once: kTile x K bfloat16 stays in L2 (96 KiB at K = 1536) while
 // every row passes over it, and a 576-feature layer still splits into 18 tiles across threads.
 constexpr int64_t kTile = 32;
+// How far ahead of the block being dequantized its weight is fetched: the blocks stream from memory once per
+// call, and without a software prefetch a tile waits on them (one row of Q4_1 on SmolLM2's q, k, gate and down
+// shapes, weights out of cache, single thread: 222 us without, 178 us at 1 KiB, 143 us at 2 KiB, 141 us at 4).
+constexpr int64_t kPrefetchBytes = 2048;
 // The AVX512-BF16 register block: kMR rows x kNR features of 16-lane accumulators.
 constexpr int kMR = 4, kNR = 4;
 
@@ -329,7 +333,10 @@ inline void dequantize_q6_k(const uint8_t* w, float* out) {
 // that the type's constants stay in registers across its blocks.
 template <int64_t kWeights, int64_t kBytes, typename T, void (*kDequantize)(const uint8_t*, T*)>
 void dequantize_blocks(const uint8_t* w, int64_t count, T* out) {
-  for (int64_t b = 0; b < count; ++b) kDequantize(w + b * kBytes, out + b * kWeights);
+  for (int64_t b = 0; b < count; ++b) {
+    __builtin_prefetch(w + b * kBytes + kPrefetchBytes);
+    kDequantize(w + b * kBytes, out + b * kWeights);
+  }
 }
 
 // `count` blocks of `type`, float32, exactly as ggml.py computes them.
