@@ -53,8 +53,9 @@ constexpr int64_t kQ8_0 = 8;
 constexpr int64_t kQ4_K = 12;
 constexpr int64_t kQ5_K = 13;
 constexpr int64_t kQ6_K = 14;
-// Rows up to which `ggml_linear`'s integer dots beat the tiles (measured single-threaded on SmolLM2's Q4_1
-// shapes, weights in cache: one each of its q, k, gate and down projections: 1 row 104 us vs 153 us, 2 rows 186 us vs 164 us).
+// Rows up to which `ggml_linear`'s integer dots beat the tiles (single thread, Q4_1, one each of SmolLM2's
+// q, k, gate and down shapes: 1 row 110 us vs 120 us with the weights in cache, 117 us vs 143 us out of it;
+// 2 rows 186 us vs 125 us).
 constexpr int64_t kDotRows = 1;
 // Output features a thread dequantizes at once: kTile x K bfloat16 stays in L2 (96 KiB at K = 1536) while
 // every row passes over it, and a 576-feature layer still splits into 18 tiles across threads.
@@ -354,8 +355,9 @@ void dequantize_tile(int64_t type, const uint8_t* w, int64_t count, float* out) 
 }
 
 #if defined(KVSERVE_BF16)
-// The same values straight to bfloat16 on AVX-512: 32 quants widened to two float32 vectors, scaled (a
-// multiply, then the offset's separate add or subtract), and rounded to nearest even by vcvtne2ps2bf16.
+// The same values straight to bfloat16 on AVX-512, rounded to nearest even by vcvtne2ps2bf16 / vcvtneps2bf16:
+// Q8_0 and the K-quants widen 32 quants to two float32 vectors and scale them (a multiply, then the offset's
+// separate subtraction); the 4- and 5-bit blocks look their levels up (lookup_bf16).
 
 // A float16 field by F16C's vcvtph2ps (exact, as c10's bit manipulation in half_at, in one instruction).
 inline float half_f16c(const uint8_t* p) {
@@ -370,18 +372,6 @@ inline __m512 widen_u8(__m128i q, int bias) {
 
 inline void store_bf16(__m512 lo, __m512 hi, uint16_t* out) {
   _mm512_storeu_si512(out, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
-}
-
-// 32 unsigned quants (element order) times d, less bias or plus m.
-template <bool kOffset>
-inline void scale_store(__m256i q, int bias, __m512 d, __m512 m, uint16_t* out) {
-  __m512 lo = _mm512_mul_ps(widen_u8(_mm256_castsi256_si128(q), bias), d);
-  __m512 hi = _mm512_mul_ps(widen_u8(_mm256_extracti128_si256(q, 1), bias), d);
-  if (kOffset) {
-    lo = _mm512_add_ps(lo, m);
-    hi = _mm512_add_ps(hi, m);
-  }
-  store_bf16(lo, hi, out);
 }
 
 // The 32 nibbles of 16 bytes as bytes: low nibbles (elements 0-15), then high ones (16-31).
