@@ -129,6 +129,12 @@ def test_tiled_products_match_the_bfloat16_reference(path, type_name, m, n, k):
     assert (error <= 1e-5 * (np.abs(x) @ np.abs(weights).T)).all(), error.max()
 
 
+@pytest.mark.parametrize("path", TILE_PATHS)
+def test_tiles_take_no_rows(path):
+    blocks = random_blocks("Q4_1", 8, 64, seed=2)
+    assert tiled(torch.empty(0, 64, dtype=torch.bfloat16), blocks, "Q4_1", 8, path).shape == (0, 8)
+
+
 def test_the_path_is_selectable():
     """AVX-512 by default where the build has it; ``ggml_path = "portable"`` runs the portable loops."""
     fresh = NativeLinearKernel(kernel.dtypes, None)

@@ -356,8 +356,8 @@ void dequantize_tile(int64_t type, const uint8_t* w, int64_t count, float* out) 
 
 #if defined(KVSERVE_BF16)
 // The same values straight to bfloat16 on AVX-512, rounded to nearest even by vcvtne2ps2bf16 / vcvtneps2bf16:
-// Q8_0 and the K-quants widen 32 quants to two float32 vectors and scale them (a multiply, then the offset's
-// separate subtraction); the 4- and 5-bit blocks look their levels up (lookup_bf16).
+// Q8_0 and Q6_K widen 32 quants to two float32 vectors and scale them; the 4- and 5-bit blocks (Q4_K's and
+// Q5_K's sub-blocks too) look their levels up (lookup_bf16).
 
 // A float16 field by F16C's vcvtph2ps (exact, as c10's bit manipulation in half_at, in one instruction).
 inline float half_f16c(const uint8_t* p) {
@@ -448,9 +448,11 @@ inline void dequantize_k4_k5_bf16(const uint8_t* w, uint16_t* out) {
     if (kFifthBit) q = _mm256_mask_add_epi8(q, _mm256_test_epi8_mask(qh, _mm256_set1_epi8(1 << s)), q,
                                            _mm256_set1_epi8(0x10));
     const __m512 ds = _mm512_set1_ps(d * static_cast<float>(sc)), dm = _mm512_set1_ps(dmin * static_cast<float>(mn));
-    const __m512 lo = _mm512_sub_ps(_mm512_mul_ps(widen_u8(_mm256_castsi256_si128(q), 0), ds), dm);
-    const __m512 hi = _mm512_sub_ps(_mm512_mul_ps(widen_u8(_mm256_extracti128_si256(q, 1), 0), ds), dm);
-    store_bf16(lo, hi, out + 32 * s);
+    const __m512 v0 = _mm512_sub_ps(_mm512_mul_ps(levels(0), ds), dm);
+    const __m512i table = kFifthBit
+                              ? (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(_mm512_mul_ps(levels(16), ds), dm), v0)
+                              : _mm512_castsi256_si512((__m256i)_mm512_cvtneps_pbh(v0));
+    _mm512_storeu_si512(out + 32 * s, lookup_bf16(q, table));
   }
 }
 
@@ -586,6 +588,7 @@ at::Tensor ggml_tiled_linear(const at::Tensor& x, const at::Tensor& blocks, int6
   TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.is_contiguous() && blocks.numel() == N * row_bytes,
               "ggml_tiled_linear: blocks must be contiguous uint8 of ", N * row_bytes, " bytes");
   at::Tensor out = at::empty({M, N}, rows.options().dtype(at::kFloat));
+  if (M == 0) return out;  // no row to multiply: dequantize nothing
   float* y = out.data_ptr<float>();
   const uint8_t* w = blocks.data_ptr<uint8_t>();
   const uint16_t* xb = reinterpret_cast<const uint16_t*>(rows.data_ptr<at::BFloat16>());
