@@ -1,7 +1,13 @@
-"""The CPU kernel's GGML blocks (``csrc/ggml.cpp``): Q8_0 and Q4_1 weights as gguf-py writes them, times
-rows quantized per 32-block to int8 as llama.cpp does, on both paths (AVX-512 VNNI and the portable
-loop), against a float64 reference of the same integer arithmetic and within the activation
-quantization's error of the dequantized product; the path is selectable."""
+"""The CPU kernel's GGML blocks (``csrc/ggml.cpp``), on both paths of each op (AVX-512 and the portable loop):
+
+- ``ggml_linear``, single rows: Q8_0 and Q4_1 weights as gguf-py writes them times rows quantized per
+  32-block to int8 as llama.cpp does, against a float64 reference of the same integer arithmetic and
+  within the activation quantization's error of the dequantized product;
+- ``ggml_tiled_linear``, any rows: every type's blocks dequantized to bfloat16 equal gguf-py's own
+  dequantization rounded to bfloat16 block for block, and the products equal a float64 product of
+  those weights and the bfloat16 rows up to float32 summation.
+
+``apply_ggml`` picks between them by rows and type, and the path is selectable."""
 
 import gguf
 import numpy as np
@@ -16,8 +22,12 @@ pytestmark = pytest.mark.skipif(
     not isinstance(kernel, NativeLinearKernel) or not kernel.ggml_types,
     reason=f"no native GGML kernel here: {native_linear.unavailable_reason(native_linear.GGML_LIBRARY, GGML_SOURCES)}",
 )
-VNNI = isinstance(kernel, NativeLinearKernel) and bool(kernel.ggml_types) and torch.ops.kvserve_cpu_ggml.has_vnni()
-PATHS = [pytest.param("vnni", marks=pytest.mark.skipif(not VNNI, reason="no AVX-512 VNNI")), "portable"]
+BUILT = isinstance(kernel, NativeLinearKernel) and bool(kernel.ggml_types)
+VNNI = BUILT and torch.ops.kvserve_cpu_ggml.has_vnni()
+BF16 = BUILT and torch.ops.kvserve_cpu_ggml.has_bf16()
+DOT_PATHS = [pytest.param("vnni", marks=pytest.mark.skipif(not VNNI, reason="no AVX-512 VNNI")), "portable"]
+TILE_PATHS = [pytest.param("bf16", marks=pytest.mark.skipif(not BF16, reason="no AVX512-BF16")), "portable"]
+TILE_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
 
 
 def weight_blocks(type_name: str, n: int, k: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -26,6 +36,20 @@ def weight_blocks(type_name: str, n: int, k: int, seed: int) -> tuple[np.ndarray
     qtype = gguf.GGMLQuantizationType[type_name]
     blocks = gguf.quants.quantize(weight, qtype)
     return blocks, np.asarray(gguf.quants.dequantize(blocks, qtype), dtype=np.float64)
+
+
+def random_blocks(type_name: str, n: int, k: int, seed: int) -> np.ndarray:
+    """Random bytes as ``[n, k]`` weights' blocks (every quant bit pattern is valid), the float16 scale
+    fields set to small finite values (gguf-py writes no K-quants, so this covers every type alike)."""
+    qtype = gguf.GGMLQuantizationType[type_name]
+    block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
+    count = n * k // block_size
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, size=(count, type_size), dtype=np.uint8)
+    fields = {"Q6_K": [208], "Q4_1": [0, 2], "Q5_1": [0, 2], "Q4_K": [0, 2], "Q5_K": [0, 2]}.get(type_name, [0])
+    for offset in fields:
+        blocks[:, offset : offset + 2] = (rng.standard_normal((count, 1)) * 0.01).astype(np.float16).view(np.uint8)
+    return blocks.reshape(n, -1)
 
 
 def integer_reference(x: np.ndarray, type_name: str, blocks: np.ndarray) -> np.ndarray:
@@ -52,7 +76,7 @@ def integer_reference(x: np.ndarray, type_name: str, blocks: np.ndarray) -> np.n
     return out
 
 
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("path", DOT_PATHS)
 @pytest.mark.parametrize("type_name", ["Q8_0", "Q4_1"])
 @pytest.mark.parametrize(("m", "n", "k"), [(1, 48, 576), (3, 17, 64), (8, 96, 1536)])
 def test_products_match_the_integer_reference(path, type_name, m, n, k):
@@ -69,22 +93,87 @@ def test_products_match_the_integer_reference(path, type_name, m, n, k):
     assert error < 0.02, f"the int8 activations move the product by {error:.3g} (relative)"
 
 
+def tiled(x: torch.Tensor, blocks: np.ndarray, type_name: str, n: int, path: str) -> np.ndarray:
+    op = torch.ops.kvserve_cpu_ggml.ggml_tiled_linear
+    data = torch.from_numpy(blocks.reshape(-1))
+    return op(x, data, native_linear.GGML_TYPE_IDS[type_name], n, path == "bf16").double().numpy()
+
+
+def bf16_weights(type_name: str, blocks: np.ndarray) -> np.ndarray:
+    """gguf-py's dequantization of ``blocks`` rounded to bfloat16 (what ``quantization="none"`` holds), float64."""
+    values = np.asarray(gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType[type_name]), dtype=np.float32)
+    return torch.from_numpy(values).bfloat16().double().numpy()
+
+
+@pytest.mark.parametrize("path", TILE_PATHS)
+@pytest.mark.parametrize("type_name", TILE_TYPES)
+def test_tiles_hold_ggufs_weights_in_bfloat16(path, type_name):
+    """Rows of the identity read each tile back: every weight equals gguf-py's, rounded to bfloat16
+    (a tile and a half of features, so both a full tile and a partial one)."""
+    n, k = 48, 512
+    blocks = random_blocks(type_name, n, k, seed=len(type_name))
+    got = tiled(torch.eye(k, dtype=torch.bfloat16), blocks, type_name, n, path)
+    np.testing.assert_array_equal(got.T, bf16_weights(type_name, blocks))
+
+
+@pytest.mark.parametrize("path", TILE_PATHS)
+@pytest.mark.parametrize("type_name", TILE_TYPES)
+@pytest.mark.parametrize(("m", "n", "k"), [(1, 7, 256), (6, 33, 512), (33, 70, 1536)])
+def test_tiled_products_match_the_bfloat16_reference(path, type_name, m, n, k):
+    """Rows and features that fill the 4 x 4 register blocks and leave every remainder; the products are
+    exact in float32, so only the sums' rounding differs: bounded by the sum of the products' magnitudes."""
+    blocks = random_blocks(type_name, n, k, seed=m + n)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).bfloat16().double().numpy()
+    weights = bf16_weights(type_name, blocks)
+    error = np.abs(tiled(torch.from_numpy(x).bfloat16(), blocks, type_name, n, path) - x @ weights.T)
+    assert (error <= 1e-5 * (np.abs(x) @ np.abs(weights).T)).all(), error.max()
+
+
+@pytest.mark.parametrize("path", TILE_PATHS)
+def test_tiles_take_no_rows(path):
+    blocks = random_blocks("Q4_1", 8, 64, seed=2)
+    assert tiled(torch.empty(0, 64, dtype=torch.bfloat16), blocks, "Q4_1", 8, path).shape == (0, 8)
+
+
 def test_the_path_is_selectable():
-    """VNNI by default where the build has it; ``ggml_path = "portable"`` runs the portable loop."""
+    """AVX-512 by default where the build has it; ``ggml_path = "portable"`` runs the portable loops."""
     fresh = NativeLinearKernel(kernel.dtypes, None)
-    assert fresh.ggml_types and fresh.ggml_path == ("vnni" if VNNI else "portable")
+    assert fresh.ggml_types == frozenset(native_linear.GGML_TYPE_IDS)
+    assert fresh.ggml_path == ("avx512" if VNNI or BF16 else "portable")
     blocks, _ = weight_blocks("Q8_0", 16, 64, seed=7)
-    x = torch.randn(1, 64, generator=torch.Generator().manual_seed(8))
     data = torch.from_numpy(blocks.reshape(-1))
     fresh.ggml_path = "portable"
-    portable = torch.ops.kvserve_cpu_ggml.ggml_linear(x, data, 8, 16, False)
+    x = torch.randn(1, 64, generator=torch.Generator().manual_seed(8))
+    assert torch.equal(
+        fresh.apply_ggml(x, data, "Q8_0", 16), torch.ops.kvserve_cpu_ggml.ggml_linear(x, data, 8, 16, False)
+    )
+    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(9)).bfloat16()
+    portable = torch.ops.kvserve_cpu_ggml.ggml_tiled_linear(x, data, 8, 16, False)
     assert torch.equal(fresh.apply_ggml(x, data, "Q8_0", 16), portable)
 
 
-def test_apply_ggml_quantizes_activations_of_any_float_dtype():
-    blocks, dense = weight_blocks("Q4_1", 32, 256, seed=5)
+def test_apply_ggml_picks_integer_dots_for_one_row_and_tiles_for_more():
+    """One row of Q4_1 is the integer dot's product; two rows, or one row of Q4_K, the tiles'."""
+    ops = torch.ops.kvserve_cpu_ggml
+    assert ops.ggml_dot_rows() == 1
+    blocks, _ = weight_blocks("Q4_1", 32, 256, seed=5)
+    data = torch.from_numpy(blocks.reshape(-1))
     x = torch.randn(2, 256, generator=torch.Generator().manual_seed(6)).bfloat16()
-    y = kernel.apply_ggml(x, torch.from_numpy(blocks.reshape(-1)), "Q4_1", 32)
-    assert y.dtype == torch.float32 and y.shape == (2, 32)
-    exact = x.double().numpy() @ dense.T
-    assert np.linalg.norm(y.double().numpy() - exact) / np.linalg.norm(exact) < 0.02
+    one, two = kernel.apply_ggml(x[:1], data, "Q4_1", 32), kernel.apply_ggml(x, data, "Q4_1", 32)
+    assert torch.equal(one, ops.ggml_linear(x[:1].float(), data, 3, 32, VNNI))
+    assert torch.equal(two, ops.ggml_tiled_linear(x, data, 3, 32, BF16))
+    k_blocks = torch.from_numpy(random_blocks("Q4_K", 32, 256, seed=1).reshape(-1))
+    assert torch.equal(
+        kernel.apply_ggml(x[:1], k_blocks, "Q4_K", 32), ops.ggml_tiled_linear(x[:1], k_blocks, 12, 32, BF16)
+    )
+
+
+def test_apply_ggml_takes_activations_of_any_float_dtype():
+    blocks, dense = weight_blocks("Q4_1", 32, 256, seed=5)
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        for rows in (1, 5):
+            x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(6)).to(dtype)
+            y = kernel.apply_ggml(x, torch.from_numpy(blocks.reshape(-1)), "Q4_1", 32)
+            assert y.dtype == torch.float32 and y.shape == (rows, 32)
+            exact = x.double().numpy() @ dense.T
+            assert np.linalg.norm(y.double().numpy() - exact) / np.linalg.norm(exact) < 0.02

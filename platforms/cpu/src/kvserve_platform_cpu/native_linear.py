@@ -21,9 +21,12 @@ scale per tensor or per output feature; on AVX-512 with VBMI only (elsewhere, AV
 included, the quantization method keeps its own path: the weight dequantized per layer).
 
 GGUF weights (GGML blocks, ``csrc/ggml.cpp``): :meth:`NativeLinearKernel.apply_ggml` multiplies
-Q8_0 and Q4_1 blocks as the file stores them by rows quantized per 32-block to int8, as llama.cpp
-does (AVX-512 VNNI where the CPU has it, a portable loop elsewhere or where ``ggml_path`` says
-``"portable"``); built when a GGUF model first asks for it.
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K blocks as the file stores them. A single row
+(a decode step of one sequence) of Q8_0 or Q4_1 is quantized per 32-block to int8, as llama.cpp
+does, for integer dot products (AVX-512 VNNI); more rows, and the other types, run on tiles of
+output features dequantized to bfloat16 in cache, each tile multiplied by every row (AVX512-BF16).
+Both have a portable loop, taken where the CPU lacks the instructions or where ``ggml_path`` says
+``"portable"``; built when a GGUF model first asks for it.
 
 Built on first use by :mod:`kvserve_cpu_native`; where it cannot be, oneDNN's kernel serves every dtype
 and the start-up log says why.
@@ -46,8 +49,10 @@ LIBRARY = "kvserve_cpu_linear"
 SOURCES = (Path(__file__).parent / "csrc" / "linear.cpp",)
 GGML_LIBRARY = "kvserve_cpu_ggml"
 GGML_SOURCES = (Path(__file__).parent / "csrc" / "ggml.cpp",)
-GGML_TYPE_IDS = {"Q4_1": 3, "Q8_0": 8}
-"""The GGML types ``csrc/ggml.cpp`` multiplies, by gguf's name -> ggml's type id."""
+GGML_TYPE_IDS = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
+"""The GGML types ``csrc/ggml.cpp`` multiplies (its tiles), by gguf's name -> ggml's type id."""
+GGML_DOT_TYPES = frozenset({"Q4_1", "Q8_0"})
+"""The types its integer dot products (``ggml_linear``) also multiply, for single rows."""
 
 
 class NativeLinearKernel(LinearKernel):
@@ -106,7 +111,7 @@ class NativeLinearKernel(LinearKernel):
 
     @functools.cached_property
     def ggml_types(self) -> frozenset[str]:
-        """Q8_0 and Q4_1 once ``csrc/ggml.cpp`` is built (on first use: only GGUF models pay for it)."""
+        """:data:`GGML_TYPE_IDS`' types once ``csrc/ggml.cpp`` is built (on first use: only GGUF models pay for it)."""
         reason = unavailable_reason(GGML_LIBRARY, GGML_SOURCES)
         if reason is not None:
             logger.warning("kvserve-platform-cpu: GGML kernel unavailable (GGUF layers dequantize): %s", reason)
@@ -115,14 +120,33 @@ class NativeLinearKernel(LinearKernel):
         return frozenset(GGML_TYPE_IDS)
 
     @functools.cached_property
+    def _ggml_build(self) -> tuple[int, bool, bool]:
+        """What ``csrc/ggml.cpp``'s build runs, asked once: the rows up to which single-row types take the
+        integer dots, and whether it has the AVX-512 VNNI and the AVX512-BF16 paths."""
+        ops = torch.ops.kvserve_cpu_ggml
+        return ops.ggml_dot_rows(), ops.has_vnni(), ops.has_bf16()
+
+    @functools.cached_property
     def ggml_path(self) -> str:
-        """``vnni`` where the build has AVX-512 VNNI, else ``portable``; assign ``"portable"`` to run
-        the portable loop on a VNNI CPU (the tests compare both)."""
-        return "vnni" if torch.ops.kvserve_cpu_ggml.has_vnni() else "portable"
+        """``avx512`` where the build has AVX-512 VNNI or AVX512-BF16 (each op takes its instructions
+        where the build has them, its portable loop otherwise), else ``portable``; assign
+        ``"portable"`` to run the portable loops on such a CPU (the tests compare both)."""
+        _, vnni, bf16 = self._ggml_build
+        return "avx512" if vnni or bf16 else "portable"
 
     def apply_ggml(self, x: torch.Tensor, blocks: torch.Tensor, ggml_type: str, out_features: int) -> torch.Tensor:
-        op = torch.ops.kvserve_cpu_ggml.ggml_linear.default
-        return op(x.float(), blocks, GGML_TYPE_IDS[ggml_type], out_features, self.ggml_path == "vnni")
+        """A row of Q8_0 or Q4_1 on integer dots (``x`` quantized per block to int8); more rows and the
+        other types on tiles dequantized to bfloat16, times ``x`` in bfloat16 (float16 and float32 rows
+        are rounded to it)."""
+        dot_rows, vnni, bf16 = self._ggml_build
+        simd = self.ggml_path == "avx512"
+        type_id = GGML_TYPE_IDS[ggml_type]
+        if x.shape[0] <= dot_rows and ggml_type in GGML_DOT_TYPES:
+            return torch.ops.kvserve_cpu_ggml.ggml_linear.default(
+                x.float(), blocks, type_id, out_features, simd and vnni
+            )
+        op = torch.ops.kvserve_cpu_ggml.ggml_tiled_linear.default
+        return op(x.to(torch.bfloat16), blocks, type_id, out_features, simd and bf16)
 
 
 @functools.cache
@@ -145,6 +169,10 @@ def _register_ggml_fake() -> None:
     @torch.library.register_fake(f"{GGML_LIBRARY}::ggml_linear")
     def _(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, out_features: int, vnni: bool) -> torch.Tensor:
         return x.new_empty((x.shape[0], out_features))
+
+    @torch.library.register_fake(f"{GGML_LIBRARY}::ggml_tiled_linear")
+    def _(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, out_features: int, bf16: bool) -> torch.Tensor:
+        return x.new_empty((x.shape[0], out_features), dtype=torch.float32)
 
 
 def native_linear_kernel(fallback: LinearKernel | None) -> LinearKernel | None:

@@ -76,18 +76,27 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-def test_smollm2_integer_dot_path_stays_within_the_bounds():
-    """bfloat16 decode rows on the platform's GGML kernel (activations quantized per block to int8, as
-    llama.cpp does) against the dequantized bfloat16 path: the greedy tokens agree from the start for
-    at least 20 of the first 32 on average over the prompts and at least 4 on every prompt."""
+def test_smollm2_bfloat16_kernel_paths_stay_within_the_bounds():
+    """bfloat16 on the platform's GGML kernel against the dequantized bfloat16 path, greedy tokens
+    agreeing from the start of the first 32:
+
+    - the prompts one at a time: every decode step is one row, on integer dots of activations quantized
+      per block to int8 as llama.cpp does; at least 20 on average and at least 4 on every prompt
+      (measured: 32, 26, 10, 32);
+    - the prompts at once: every step has four rows, on tiles dequantized to the dense path's very
+      bfloat16 weights, so only the float32 sums' order differs; at least 28 on average and 16 on every
+      prompt (measured: 32 on each)."""
     kwargs = dict(dtype="bfloat16", max_model_len=256, num_kv_blocks=64)
     path = embedded_gguf_path()
     fast = LLM(str(path), **kwargs)
     if not any(m.ggml_kernel is not None for m in fast.engine.model.modules() if isinstance(m, LinearBase)):
         pytest.skip("the platform's LinearKernel multiplies no GGML blocks here")
-    ours = greedy_tokens(fast, BOUND_PROMPTS, 32)
+    one_by_one = [greedy_tokens(fast, [prompt], 32)[0] for prompt in BOUND_PROMPTS]
+    at_once = greedy_tokens(fast, BOUND_PROMPTS, 32)
     del fast
     reference = greedy_tokens(LLM(str(path), quantization="none", **kwargs), BOUND_PROMPTS, 32)
-    prefixes = [common_prefix(a, b) for a, b in zip(ours, reference)]
-    print(f"tokens equal from the start: {prefixes} (mean {sum(prefixes) / len(prefixes):.1f} of 32)")
-    assert sum(prefixes) / len(prefixes) >= 20 and min(prefixes) >= 4, prefixes
+    dots = [common_prefix(a, b) for a, b in zip(one_by_one, reference)]
+    tiles = [common_prefix(a, b) for a, b in zip(at_once, reference)]
+    print(f"tokens equal from the start: integer dots {dots}, tiles {tiles} (of 32)")
+    assert sum(dots) / len(dots) >= 20 and min(dots) >= 4, dots
+    assert sum(tiles) / len(tiles) >= 28 and min(tiles) >= 16, tiles

@@ -1,36 +1,80 @@
-// GGUF weights kept in llama.cpp's GGML blocks, multiplied by rows of activations quantized as llama.cpp
-// quantizes them: per 32-weight block to int8 with one float scale (its Q8_0/Q8_1), so a block's product is
-// an integer dot of 32 bytes scaled once. Types: Q8_0 and Q4_1 (the embedded SmolLM2's).
+// GGUF weights kept in llama.cpp's GGML blocks, multiplied by rows of activations in two ways (the caller
+// picks by the number of rows, up to `ggml_dot_rows` on the first, and by type):
 //
-// Two paths, chosen per call (tests run both): AVX-512 VNNI (`vpdpbusd` on 512-bit vectors, two blocks a
-// step: u8 x s8 sums four products per int32 lane) where the build has it, and a portable scalar loop everywhere. Q8_0 weights
-// are signed: as llama.cpp does, the weight's absolute value is the unsigned operand and its sign moves onto
-// the activation, which leaves every product unchanged (|-128| wraps to the unsigned 128).
+// - `ggml_linear`, a decode step's single row: activations quantized as llama.cpp quantizes them, per 32-weight block
+//   to int8 with one float scale (its Q8_0/Q8_1), so a block's product is an integer dot of 32 bytes scaled
+//   once. Types: Q8_0 and Q4_1. Every output feature's blocks are read once per row from cache, so the weight
+//   streams from memory once per call. AVX-512 VNNI (`vpdpbusd` on 512-bit vectors, two blocks a step: u8 x s8
+//   sums four products per int32 lane) where the build has it, a portable scalar loop everywhere. Q8_0
+//   weights are signed: as llama.cpp does, the weight's absolute value is the unsigned operand and its sign
+//   moves onto the activation, which leaves every product unchanged (|-128| wraps to the unsigned 128).
+// - `ggml_tiled_linear`, any number of rows (prefill chunks, batched decode steps): each thread dequantizes a
+//   tile of kTile output features into bfloat16 (the arithmetic of kvserve_quant_gguf/ggml.py, rounded to
+//   nearest even: the very weights `quantization="none"` holds in bfloat16) and multiplies every row of
+//   bfloat16 activations against it while it is in cache. So the weight is read once per call and each
+//   dequantized value serves all M rows; no layer is ever dequantized whole. Types: Q4_0, Q4_1, Q5_0, Q5_1,
+//   Q8_0, Q4_K, Q5_K and Q6_K. AVX512-BF16 (`vdpbf16ps`: 4 rows x 4 features of 16-lane float32 sums, one
+//   32-element k step per instruction) where the build has it, else a float32 loop the compiler vectorizes.
 //
-// For rows of decode steps (a few rows): every output feature's blocks are read once per row from cache, so
-// the weight streams from memory once per call. Many rows go to the caller's dequantize-and-GEMM path.
+// Measured (single thread, 2-core AMD EPYC with AVX512-BF16, shared machine): see docs/gguf.md.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Half.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #include <immintrin.h>
 #define KVSERVE_VNNI 1
 #endif
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#include <immintrin.h>
+#define KVSERVE_BF16 1
+#endif
 
 namespace {
 
 constexpr int64_t kBlock = 32;
+constexpr int64_t kSuper = 256;  // the K-quants' super-block
 // GGML type ids (ggml.h's enum ggml_type).
+constexpr int64_t kQ4_0 = 2;
 constexpr int64_t kQ4_1 = 3;
+constexpr int64_t kQ5_0 = 6;
+constexpr int64_t kQ5_1 = 7;
 constexpr int64_t kQ8_0 = 8;
+constexpr int64_t kQ4_K = 12;
+constexpr int64_t kQ5_K = 13;
+constexpr int64_t kQ6_K = 14;
+// Rows up to which `ggml_linear`'s integer dots beat the tiles (single thread, Q4_1, one each of SmolLM2's
+// q, k, gate and down shapes: 1 row 110 us vs 120 us with the weights in cache, 117 us vs 143 us out of it;
+// 2 rows 186 us vs 125 us).
+constexpr int64_t kDotRows = 1;
+// Output features a thread dequantizes at once: kTile x K bfloat16 stays in L2 (96 KiB at K = 1536) while
+// every row passes over it, and a 576-feature layer still splits into 18 tiles across threads.
+constexpr int64_t kTile = 32;
+// How far ahead of the block being dequantized its weight is fetched: the blocks stream from memory once per
+// call, and without a software prefetch a tile waits on them (one row of Q4_1 on SmolLM2's q, k, gate and down
+// shapes, weights out of cache, single thread: 222 us without, 178 us at 1 KiB, 143 us at 2 KiB, 141 us at 4).
+constexpr int64_t kPrefetchBytes = 2048;
+// The AVX512-BF16 register block: kMR rows x kNR features of 16-lane accumulators.
+constexpr int kMR = 4, kNR = 4;
+
+inline float half_at(const uint8_t* p) {
+  uint16_t bits;
+  std::memcpy(&bits, p, 2);
+  return c10::detail::fp16_ieee_to_fp32_value(bits);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Decode rows: integer dot products (Q8_0, Q4_1).
 
 // One block of a quantized activation row.
 struct ActBlock {
@@ -38,12 +82,6 @@ struct ActBlock {
   int32_t sum;   // sum of q (Q4_1's offset term multiplies it)
   int8_t q[kBlock];
 };
-
-inline float half_at(const uint8_t* p) {
-  uint16_t bits;
-  std::memcpy(&bits, p, 2);
-  return c10::detail::fp16_ieee_to_fp32_value(bits);
-}
 
 void quantize_row(const float* x, int64_t blocks, ActBlock* out) {
   for (int64_t b = 0; b < blocks; ++b) {
@@ -63,7 +101,7 @@ void quantize_row(const float* x, int64_t blocks, ActBlock* out) {
   }
 }
 
-int64_t type_size(int64_t type) { return type == kQ8_0 ? 34 : 20; }
+int64_t dot_type_size(int64_t type) { return type == kQ8_0 ? 34 : 20; }
 
 // Portable: one output feature against one activation row.
 float dot_portable(int64_t type, const uint8_t* w, const ActBlock* a, int64_t blocks) {
@@ -79,7 +117,7 @@ float dot_portable(int64_t type, const uint8_t* w, const ActBlock* a, int64_t bl
       for (int i = 0; i < kBlock / 2; ++i) isum += (qs[i] & 0x0F) * a->q[i] + (qs[i] >> 4) * a->q[i + 16];
       acc += half_at(w) * a->d * static_cast<float>(isum) + half_at(w + 2) * a->d * static_cast<float>(a->sum);
     }
-    w += type_size(type);
+    w += dot_type_size(type);
   }
   return acc;
 }
@@ -101,7 +139,7 @@ inline __m256i block_quants(int64_t type, const uint8_t* w) {
 
 // Two blocks a step on 512-bit vectors: lanes 0-7 hold block b's partial sums, 8-15 block b + 1's.
 float dot_vnni(int64_t type, const uint8_t* w, const ActBlock* a, int64_t blocks) {
-  const int64_t size = type_size(type);
+  const int64_t size = dot_type_size(type);
   __m512 acc = _mm512_setzero_ps();
   float offset = 0.f;
   int64_t b = 0;
@@ -147,7 +185,7 @@ at::Tensor ggml_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t ty
   const at::Tensor rows = x.contiguous();
   const int64_t M = rows.size(0), K = rows.size(1), N = out_features;
   TORCH_CHECK(K % kBlock == 0, "ggml_linear: in_features ", K, " is not a multiple of 32");
-  const int64_t nblocks = K / kBlock, row_bytes = nblocks * type_size(type);
+  const int64_t nblocks = K / kBlock, row_bytes = nblocks * dot_type_size(type);
   TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.is_contiguous() && blocks.numel() == N * row_bytes,
               "ggml_linear: blocks must be contiguous uint8 of ", N * row_bytes, " bytes");
   std::vector<ActBlock> act(M * nblocks);
@@ -173,11 +211,434 @@ at::Tensor ggml_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t ty
   return out;
 }
 
+int64_t ggml_dot_rows() { return kDotRows; }
+
+// ---------------------------------------------------------------------------------------------------
+// Any rows: tiles dequantized to bfloat16, then a GEMM.
+
+struct TileFormat {
+  int64_t block;  // weights per block
+  int64_t bytes;  // bytes per block
+};
+
+TileFormat tile_format(int64_t type) {
+  switch (type) {
+    case kQ4_0: return {kBlock, 18};
+    case kQ4_1: return {kBlock, 20};
+    case kQ5_0: return {kBlock, 22};
+    case kQ5_1: return {kBlock, 24};
+    case kQ8_0: return {kBlock, 34};
+    case kQ4_K: return {kSuper, 144};
+    case kQ5_K: return {kSuper, 176};
+    case kQ6_K: return {kSuper, 210};
+    default: TORCH_CHECK(false, "ggml_tiled_linear: GGML type ", type, " has no tile dequantization");
+  }
+}
+
+// The dequantization must round as ggml.py's does (a product, then a separate sum), so that the bfloat16
+// weights equal the dense path's bit for bit: no fused multiply-adds here (GCC contracts `d * q + m` into
+// one, even written with intrinsics, unless told not to).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+#endif
+#if defined(__clang__)
+#define KVSERVE_NO_CONTRACT _Pragma("clang fp contract(off)")
+#else
+#define KVSERVE_NO_CONTRACT
+#endif
+
+// Q4_0 / Q4_1 / Q5_0 / Q5_1: 32 weights; the low nibbles of the 16 quant bytes are elements 0-15, the high
+// ones 16-31; Q5's fifth bit of element j is bit j of the little-endian 32-bit qh.
+template <bool kOffset, bool kFifthBit>
+inline void dequantize_q4_q5(const uint8_t* w, float* out) {
+  KVSERVE_NO_CONTRACT
+  const float d = half_at(w);
+  const float m = kOffset ? half_at(w + 2) : 0.f;
+  const uint8_t* p = w + (kOffset ? 4 : 2);
+  uint32_t qh = 0;
+  if (kFifthBit) {
+    std::memcpy(&qh, p, 4);
+    p += 4;
+  }
+  // Signed types subtract the middle of their range; the offset types add m (exactly ggml.py's order).
+  const int bias = kOffset ? 0 : (kFifthBit ? 16 : 8);
+  for (int j = 0; j < 16; ++j) {
+    const int lo = (p[j] & 0x0F) | (kFifthBit ? static_cast<int>((qh >> j) & 1) << 4 : 0);
+    const int hi = (p[j] >> 4) | (kFifthBit ? static_cast<int>((qh >> (j + 16)) & 1) << 4 : 0);
+    if (kOffset) {
+      out[j] = d * static_cast<float>(lo) + m;
+      out[j + 16] = d * static_cast<float>(hi) + m;
+    } else {
+      out[j] = d * static_cast<float>(lo - bias);
+      out[j + 16] = d * static_cast<float>(hi - bias);
+    }
+  }
+}
+
+inline void dequantize_q8_0(const uint8_t* w, float* out) {
+  const float d = half_at(w);
+  const int8_t* q = reinterpret_cast<const int8_t*>(w + 2);
+  for (int i = 0; i < kBlock; ++i) out[i] = static_cast<float>(q[i]) * d;
+}
+
+// Q4_K / Q5_K: eight sub-blocks of 32, each with a 6-bit scale and min packed in 12 bytes; weight =
+// (d * sc) * q - dmin * m. Sub-block s's quants are the low (s even) or high nibbles of bytes 32 * (s / 2)...;
+// Q5_K's fifth bit of element l of sub-block s is bit s of qh[l].
+template <bool kFifthBit>
+inline void dequantize_k4_k5(const uint8_t* w, float* out) {
+  KVSERVE_NO_CONTRACT
+  const float d = half_at(w), dmin = half_at(w + 2);
+  const uint8_t* scales = w + 4;
+  const uint8_t* qh = w + 16;
+  const uint8_t* qs = w + (kFifthBit ? 48 : 16);
+  for (int s = 0; s < 8; ++s) {
+    int sc, mn;
+    if (s < 4) {
+      sc = scales[s] & 0x3F;
+      mn = scales[s + 4] & 0x3F;
+    } else {
+      sc = (scales[s + 4] & 0x0F) | ((scales[s - 4] >> 2) & 0x30);
+      mn = (scales[s + 4] >> 4) | ((scales[s] >> 2) & 0x30);
+    }
+    const float ds = d * static_cast<float>(sc), dm = dmin * static_cast<float>(mn);
+    const uint8_t* q = qs + 32 * (s / 2);
+    const int shift = 4 * (s & 1);
+    for (int l = 0; l < 32; ++l) {
+      const int v = ((q[l] >> shift) & 0x0F) | (kFifthBit ? ((qh[l] >> s) & 1) << 4 : 0);
+      out[32 * s + l] = ds * static_cast<float>(v) - dm;
+    }
+  }
+}
+
+// Q6_K: 256 weights in 8 rows of 32: row r's low four bits are nibble (r / 2) % 2 of ql[64 * (r / 4) + 32 * (r %
+// 2) + l], its high two bits (qh[32 * (r / 4) + l] >> 2 * (r % 4)) & 3; weight = (d * scale[i / 16]) * (q - 32).
+inline void dequantize_q6_k(const uint8_t* w, float* out) {
+  const uint8_t* ql = w;
+  const uint8_t* qh = w + 128;
+  const int8_t* scales = reinterpret_cast<const int8_t*>(w + 192);
+  const float d = half_at(w + 208);
+  for (int r = 0; r < 8; ++r) {
+    const uint8_t* low = ql + 64 * (r / 4) + 32 * (r % 2);
+    const uint8_t* high = qh + 32 * (r / 4);
+    const int lshift = 4 * ((r / 2) % 2), hshift = 2 * (r % 4);
+    const float d0 = d * static_cast<float>(scales[2 * r]), d1 = d * static_cast<float>(scales[2 * r + 1]);
+    for (int l = 0; l < 32; ++l) {
+      const int q = (((low[l] >> lshift) & 0x0F) | (((high[l] >> hshift) & 3) << 4)) - 32;
+      out[32 * r + l] = (l < 16 ? d0 : d1) * static_cast<float>(q);
+    }
+  }
+}
+
+// `count` consecutive blocks (a tile's rows lie one after the other) into `out`, one type's loop each, so
+// that the type's constants stay in registers across its blocks.
+template <int64_t kWeights, int64_t kBytes, typename T, void (*kDequantize)(const uint8_t*, T*)>
+void dequantize_blocks(const uint8_t* w, int64_t count, T* out) {
+  for (int64_t b = 0; b < count; ++b) {
+    __builtin_prefetch(w + b * kBytes + kPrefetchBytes);
+    kDequantize(w + b * kBytes, out + b * kWeights);
+  }
+}
+
+// `count` blocks of `type`, float32, exactly as ggml.py computes them.
+void dequantize_tile(int64_t type, const uint8_t* w, int64_t count, float* out) {
+  switch (type) {
+    case kQ4_0: return dequantize_blocks<kBlock, 18, float, dequantize_q4_q5<false, false>>(w, count, out);
+    case kQ4_1: return dequantize_blocks<kBlock, 20, float, dequantize_q4_q5<true, false>>(w, count, out);
+    case kQ5_0: return dequantize_blocks<kBlock, 22, float, dequantize_q4_q5<false, true>>(w, count, out);
+    case kQ5_1: return dequantize_blocks<kBlock, 24, float, dequantize_q4_q5<true, true>>(w, count, out);
+    case kQ8_0: return dequantize_blocks<kBlock, 34, float, dequantize_q8_0>(w, count, out);
+    case kQ4_K: return dequantize_blocks<kSuper, 144, float, dequantize_k4_k5<false>>(w, count, out);
+    case kQ5_K: return dequantize_blocks<kSuper, 176, float, dequantize_k4_k5<true>>(w, count, out);
+    default: return dequantize_blocks<kSuper, 210, float, dequantize_q6_k>(w, count, out);
+  }
+}
+
+#if defined(KVSERVE_BF16)
+// The same values straight to bfloat16 on AVX-512, rounded to nearest even by vcvtne2ps2bf16 / vcvtneps2bf16:
+// Q8_0 and Q6_K widen 32 quants to two float32 vectors and scale them; the 4- and 5-bit blocks (Q4_K's and
+// Q5_K's sub-blocks too) look their levels up (lookup_bf16).
+
+// A float16 field by F16C's vcvtph2ps (exact, as c10's bit manipulation in half_at, in one instruction).
+inline float half_f16c(const uint8_t* p) {
+  uint16_t bits;
+  std::memcpy(&bits, p, 2);
+  return _cvtsh_ss(bits);
+}
+
+inline __m512 widen_u8(__m128i q, int bias) {
+  return _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(q), _mm512_set1_epi32(bias)));
+}
+
+inline void store_bf16(__m512 lo, __m512 hi, uint16_t* out) {
+  _mm512_storeu_si512(out, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+}
+
+// The 32 nibbles of 16 bytes as bytes: low nibbles (elements 0-15), then high ones (16-31).
+inline __m256i nibbles(const uint8_t* p) {
+  const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m128i low = _mm_set1_epi8(0x0F);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), low), _mm_and_si128(qs, low));
+}
+
+// Every weight of a 4-bit (5-bit) block is one of 16 (32) values: those are computed, rounded to bfloat16 and
+// looked up by the quants (vpermw), which costs less than widening and scaling each of the 32 weights.
+inline __m512i lookup_bf16(__m256i q, __m512i table) {
+  return _mm512_permutexvar_epi16(_mm512_cvtepu8_epi16(q), table);
+}
+
+// The levels q - bias for q = first, first + 1, ..., first + 15, as float32.
+inline __m512 levels(int first) {
+  return _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_set1_epi32(first),
+                                             _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)));
+}
+
+template <bool kOffset, bool kFifthBit>
+inline void dequantize_q4_q5_bf16(const uint8_t* w, uint16_t* out) {
+  const __m512 d = _mm512_set1_ps(half_f16c(w));
+  const __m512 m = _mm512_set1_ps(kOffset ? half_f16c(w + 2) : 0.f);
+  const uint8_t* p = w + (kOffset ? 4 : 2);
+  const int bias = kOffset ? 0 : (kFifthBit ? 16 : 8);
+  __m512 v0 = _mm512_mul_ps(levels(-bias), d), v1 = _mm512_mul_ps(levels(16 - bias), d);
+  if (kOffset) {
+    v0 = _mm512_add_ps(v0, m);
+    v1 = _mm512_add_ps(v1, m);
+  }
+  __m256i q;
+  __m512i table;
+  if (kFifthBit) {
+    uint32_t qh;
+    std::memcpy(&qh, p, 4);
+    q = nibbles(p + 4);
+    q = _mm256_mask_add_epi8(q, qh, q, _mm256_set1_epi8(0x10));
+    table = (__m512i)_mm512_cvtne2ps_pbh(v1, v0);
+  } else {
+    q = nibbles(p);
+    table = _mm512_castsi256_si512((__m256i)_mm512_cvtneps_pbh(v0));
+  }
+  _mm512_storeu_si512(out, lookup_bf16(q, table));
+}
+
+inline void dequantize_q8_0_bf16(const uint8_t* w, uint16_t* out) {
+  const __m512 d = _mm512_set1_ps(half_f16c(w));
+  const __m128i* q = reinterpret_cast<const __m128i*>(w + 2);
+  const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q)));
+  const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q + 1)));
+  store_bf16(_mm512_mul_ps(lo, d), _mm512_mul_ps(hi, d), out);
+}
+
+template <bool kFifthBit>
+inline void dequantize_k4_k5_bf16(const uint8_t* w, uint16_t* out) {
+  const float d = half_f16c(w), dmin = half_f16c(w + 2);
+  const uint8_t* scales = w + 4;
+  const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16));
+  const uint8_t* qs = w + (kFifthBit ? 48 : 16);
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  for (int s = 0; s < 8; ++s) {
+    int sc, mn;
+    if (s < 4) {
+      sc = scales[s] & 0x3F;
+      mn = scales[s + 4] & 0x3F;
+    } else {
+      sc = (scales[s + 4] & 0x0F) | ((scales[s - 4] >> 2) & 0x30);
+      mn = (scales[s + 4] >> 4) | ((scales[s] >> 2) & 0x30);
+    }
+    const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * (s / 2)));
+    __m256i q = _mm256_and_si256(s & 1 ? _mm256_srli_epi16(bytes, 4) : bytes, low);
+    if (kFifthBit) q = _mm256_mask_add_epi8(q, _mm256_test_epi8_mask(qh, _mm256_set1_epi8(1 << s)), q,
+                                           _mm256_set1_epi8(0x10));
+    const __m512 ds = _mm512_set1_ps(d * static_cast<float>(sc)), dm = _mm512_set1_ps(dmin * static_cast<float>(mn));
+    const __m512 v0 = _mm512_sub_ps(_mm512_mul_ps(levels(0), ds), dm);
+    const __m512i table = kFifthBit
+                              ? (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(_mm512_mul_ps(levels(16), ds), dm), v0)
+                              : _mm512_castsi256_si512((__m256i)_mm512_cvtneps_pbh(v0));
+    _mm512_storeu_si512(out + 32 * s, lookup_bf16(q, table));
+  }
+}
+
+inline void dequantize_q6_k_bf16(const uint8_t* w, uint16_t* out) {
+  const int8_t* scales = reinterpret_cast<const int8_t*>(w + 192);
+  const float d = half_f16c(w + 208);
+  const __m256i low = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(3);
+  for (int r = 0; r < 8; ++r) {
+    const __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64 * (r / 4) + 32 * (r % 2)));
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 128 + 32 * (r / 4)));
+    const __m256i lo4 = _mm256_and_si256((r / 2) % 2 ? _mm256_srli_epi16(ql, 4) : ql, low);
+    const __m256i hi2 = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * (r % 4)), two);
+    const __m256i q = _mm256_or_si256(lo4, _mm256_slli_epi16(hi2, 4));
+    const __m512 d0 = _mm512_set1_ps(d * static_cast<float>(scales[2 * r]));
+    const __m512 d1 = _mm512_set1_ps(d * static_cast<float>(scales[2 * r + 1]));
+    store_bf16(_mm512_mul_ps(d0, widen_u8(_mm256_castsi256_si128(q), 32)),
+               _mm512_mul_ps(d1, widen_u8(_mm256_extracti128_si256(q, 1), 32)), out + 32 * r);
+  }
+}
+
+// `count` blocks of `type`, in bfloat16.
+void dequantize_tile_bf16(int64_t type, const uint8_t* w, int64_t count, uint16_t* out) {
+  switch (type) {
+    case kQ4_0: return dequantize_blocks<kBlock, 18, uint16_t, dequantize_q4_q5_bf16<false, false>>(w, count, out);
+    case kQ4_1: return dequantize_blocks<kBlock, 20, uint16_t, dequantize_q4_q5_bf16<true, false>>(w, count, out);
+    case kQ5_0: return dequantize_blocks<kBlock, 22, uint16_t, dequantize_q4_q5_bf16<false, true>>(w, count, out);
+    case kQ5_1: return dequantize_blocks<kBlock, 24, uint16_t, dequantize_q4_q5_bf16<true, true>>(w, count, out);
+    case kQ8_0: return dequantize_blocks<kBlock, 34, uint16_t, dequantize_q8_0_bf16>(w, count, out);
+    case kQ4_K: return dequantize_blocks<kSuper, 144, uint16_t, dequantize_k4_k5_bf16<false>>(w, count, out);
+    case kQ5_K: return dequantize_blocks<kSuper, 176, uint16_t, dequantize_k4_k5_bf16<true>>(w, count, out);
+    default: return dequantize_blocks<kSuper, 210, uint16_t, dequantize_q6_k_bf16>(w, count, out);
+  }
+}
+#endif
+
+#undef KVSERVE_NO_CONTRACT
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC pop_options
+#endif
+
+// float32 -> bfloat16 bits, rounded to nearest even (as torch's `.to(torch.bfloat16)`; the weights are finite).
+inline uint16_t bf16_bits(float v) {
+  uint32_t u;
+  std::memcpy(&u, &v, 4);
+  return static_cast<uint16_t>((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+}
+
+inline float bf16_value(uint16_t bits) {
+  const uint32_t u = static_cast<uint32_t>(bits) << 16;
+  float v;
+  std::memcpy(&v, &u, 4);
+  return v;
+}
+
+#if defined(KVSERVE_BF16)
+// The sums of four 16-lane accumulators, stored to y[0..3]: halves added, then hadd trees within 128 bits.
+inline void store_sums4(const __m512* acc, float* y) {
+  __m256 h[4];
+  for (int j = 0; j < 4; ++j)
+    h[j] = _mm256_add_ps(_mm512_castps512_ps256(acc[j]), _mm512_extractf32x8_ps(acc[j], 1));
+  const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(h[0], h[1]), _mm256_hadd_ps(h[2], h[3]));
+  _mm_storeu_ps(y, _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
+}
+
+// MR rows of x against NR weight rows (bfloat16, K each), 32 elements a step; y[i * ldy + j] = the dot.
+template <int MR, int NR>
+void micro_bf16(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t K, float* y, int64_t ldy) {
+  __m512 acc[MR][NR];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 32) {
+    __m512bh wv[NR];
+    for (int j = 0; j < NR; ++j) wv[j] = (__m512bh)_mm512_loadu_si512(w + j * K + k);
+    for (int i = 0; i < MR; ++i) {
+      const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + i * ldx + k);
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv, wv[j]);
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    int j = 0;
+    for (; j + 4 <= NR; j += 4) store_sums4(acc[i] + j, y + i * ldy + j);
+    for (; j < NR; ++j) y[i * ldy + j] = _mm512_reduce_add_ps(acc[i][j]);
+  }
+}
+
+using MicroBf16 = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, float*, int64_t);
+// kMicroBf16[(MR - 1) * kNR + NR - 1]: full kMR x kNR blocks, and the smaller ones at a tile's or the rows' edge.
+template <size_t... I>
+constexpr std::array<MicroBf16, sizeof...(I)> micro_bf16_table(std::index_sequence<I...>) {
+  return {micro_bf16<I / kNR + 1, I % kNR + 1>...};
+}
+constexpr auto kMicroBf16 = micro_bf16_table(std::make_index_sequence<kMR * kNR>());
+
+#endif
+
+bool has_bf16() {
+#if defined(KVSERVE_BF16)
+  return true;
+#else
+  return false;
+#endif
+}
+
+// Portable: one row of x against NR weight rows (float32 values of bfloat16 weights), in 16 independent
+// lanes per feature so that the compiler vectorizes the loop without reassociating a sum.
+template <int NR>
+void micro_portable(const float* x, const float* w, int64_t K, float* y) {
+  float acc[NR][16] = {};
+  for (int64_t k = 0; k < K; k += 16)
+    for (int j = 0; j < NR; ++j)
+      for (int l = 0; l < 16; ++l) acc[j][l] += x[k + l] * w[j * K + k + l];
+  for (int j = 0; j < NR; ++j) {
+    float sum = 0.f;
+    for (int l = 0; l < 16; ++l) sum += acc[j][l];
+    y[j] = sum;
+  }
+}
+
+using MicroPortable = void (*)(const float*, const float*, int64_t, float*);
+constexpr MicroPortable kMicroPortable[4] = {micro_portable<1>, micro_portable<2>, micro_portable<3>,
+                                             micro_portable<4>};
+
+// x: bfloat16 [M, K]; blocks: the weight's blocks, uint8 [N * K / block * bytes]; returns float32 [M, N].
+at::Tensor ggml_tiled_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t type, int64_t out_features,
+                             bool bf16) {
+  const TileFormat f = tile_format(type);
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "ggml_tiled_linear: x must be bfloat16 [M, K]");
+  TORCH_CHECK(!bf16 || has_bf16(), "ggml_tiled_linear: this build has no AVX512-BF16 path");
+  const at::Tensor rows = x.contiguous();
+  const int64_t M = rows.size(0), K = rows.size(1), N = out_features;
+  TORCH_CHECK(K % f.block == 0, "ggml_tiled_linear: in_features ", K, " is not a multiple of ", f.block);
+  const int64_t row_bytes = K / f.block * f.bytes;
+  TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.is_contiguous() && blocks.numel() == N * row_bytes,
+              "ggml_tiled_linear: blocks must be contiguous uint8 of ", N * row_bytes, " bytes");
+  at::Tensor out = at::empty({M, N}, rows.options().dtype(at::kFloat));
+  if (M == 0) return out;  // no row to multiply: dequantize nothing
+  float* y = out.data_ptr<float>();
+  const uint8_t* w = blocks.data_ptr<uint8_t>();
+  const uint16_t* xb = reinterpret_cast<const uint16_t*>(rows.data_ptr<at::BFloat16>());
+  // The portable loop multiplies float32: the rows widened once here, not once per tile.
+  std::vector<float> xf(bf16 ? 0 : M * K);
+  for (size_t i = 0; i < xf.size(); ++i) xf[i] = bf16_value(xb[i]);
+  const int64_t tiles = (N + kTile - 1) / kTile;
+  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> tile(bf16 ? 0 : kTile * K);
+#if defined(KVSERVE_BF16)
+    std::vector<uint16_t> tile_bf16(bf16 ? kTile * K : 0);
+#endif
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t n0 = t * kTile, nt = std::min(kTile, N - n0);
+#if defined(KVSERVE_BF16)
+      if (bf16) {
+        dequantize_tile_bf16(type, w + n0 * row_bytes, nt * K / f.block, tile_bf16.data());
+        for (int64_t n = 0; n < nt; n += kNR) {
+          const int64_t nr = std::min<int64_t>(kNR, nt - n);
+          for (int64_t m = 0; m < M; m += kMR) {
+            const int64_t mr = std::min<int64_t>(kMR, M - m);
+            kMicroBf16[(mr - 1) * kNR + nr - 1](xb + m * K, K, &tile_bf16[n * K], K, y + m * N + n0 + n, N);
+          }
+        }
+        continue;
+      }
+#endif
+      // The float32 weights rounded to bfloat16 as the AVX512-BF16 path rounds them.
+      dequantize_tile(type, w + n0 * row_bytes, nt * K / f.block, tile.data());
+      for (int64_t i = 0; i < nt * K; ++i) tile[i] = bf16_value(bf16_bits(tile[i]));
+      for (int64_t n = 0; n < nt; n += 4) {
+        const int64_t nr = std::min<int64_t>(4, nt - n);
+        for (int64_t m = 0; m < M; ++m) kMicroPortable[nr - 1](&xf[m * K], &tile[n * K], K, y + m * N + n0 + n);
+      }
+    }
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(kvserve_cpu_ggml, m) {
   m.def("ggml_linear(Tensor x, Tensor blocks, int ggml_type, int out_features, bool vnni) -> Tensor");
+  m.def("ggml_tiled_linear(Tensor x, Tensor blocks, int ggml_type, int out_features, bool bf16) -> Tensor");
   m.def("has_vnni() -> bool", &has_vnni);
+  m.def("has_bf16() -> bool", &has_bf16);
+  m.def("ggml_dot_rows() -> int", &ggml_dot_rows);
 }
 
-TORCH_LIBRARY_IMPL(kvserve_cpu_ggml, CPU, m) { m.impl("ggml_linear", &ggml_linear); }
+TORCH_LIBRARY_IMPL(kvserve_cpu_ggml, CPU, m) {
+  m.impl("ggml_linear", &ggml_linear);
+  m.impl("ggml_tiled_linear", &ggml_tiled_linear);
+}

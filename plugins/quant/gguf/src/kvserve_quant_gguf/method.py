@@ -11,8 +11,6 @@ from kvserve_quant_gguf.ggml import FORMATS, BlockFormat
 
 PARAM = "qweight"
 """The layer's parameter: every shard's blocks, flat uint8, shard after shard (the GGUF loader's name)."""
-KERNEL_ROWS = 8
-"""Rows up to which the kernel's integer dot products run; more rows dequantize once and run a GEMM."""
 
 
 class GGUFLinearMethod(QuantizationMethod):
@@ -23,9 +21,10 @@ class GGUFLinearMethod(QuantizationMethod):
     ``quant_config`` is what ``kvserve.loader`` reads from the file: ``tensor_types`` maps each
     weight's HF module name to its GGML type name; ``split_count`` how many files the model spans.
     A forward dequantizes the layer's shards into the activation dtype and runs one matmul. Where
-    the platform's ``LinearKernel`` multiplies every shard's type (``ggml_types``), rows of a decode
-    step (up to :data:`KERNEL_ROWS`) go to it instead, with bfloat16/float16 activations only:
-    it quantizes the activations per block as llama.cpp does, and float32 asks for the exact product.
+    the platform's ``LinearKernel`` multiplies every shard's type (``ggml_types``), every forward
+    goes to it instead, with bfloat16/float16 activations only (the CPU's: a single row of Q8_0 or
+    Q4_1 on integer dots of activations quantized per block as llama.cpp does, everything else on
+    tiles dequantized to bfloat16 in cache); float32 asks for the exact product.
     """
 
     name = "gguf"
@@ -78,8 +77,8 @@ class GGUFLinearMethod(QuantizationMethod):
         """The platform's LinearKernel where it multiplies every shard's type (:meth:`use_linear_kernel`)."""
 
     def use_linear_kernel(self, layer, kernel) -> bool:
-        """Take the kernel's integer dot products for decode rows where it runs every shard's type and
-        the activations are not float32 (whose results stay those of the dequantized weight)."""
+        """Take the kernel's products of the blocks where it runs every shard's type and the activations
+        are not float32 (whose results stay those of the dequantized weight)."""
         if layer.params_dtype == torch.float32 or any(f.name not in kernel.ggml_types for f, *_ in layer.ggml_shards):
             return False
         layer.ggml_kernel = kernel
@@ -91,11 +90,11 @@ class GGUFLinearMethod(QuantizationMethod):
         return tiles[0] if len(tiles) == 1 else torch.cat(tiles)
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """``x @ W.T + bias``: on the kernel for a few rows, else ``W`` dequantized into ``x``'s dtype
-        for this call only."""
-        rows = x.reshape(-1, x.shape[-1])
-        if layer.ggml_kernel is None or rows.shape[0] > KERNEL_ROWS:
+        """``x @ W.T + bias``: on the kernel where the layer has one, else ``W`` dequantized into ``x``'s
+        dtype for this call only."""
+        if layer.ggml_kernel is None:
             return F.linear(x, self.dequantize(layer, x.dtype), bias)
+        rows = x.reshape(-1, x.shape[-1])
         kernel = layer.ggml_kernel
         parts = [kernel.apply_ggml(rows, layer.qweight[a:b], fmt.name, n) for fmt, n, a, b in layer.ggml_shards]
         y = (parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)).to(x.dtype)
