@@ -136,6 +136,26 @@ class QuantizationMethod(ABC):
         """
         return False
 
+    def keeps_embedding(self, prefix: str) -> bool:
+        """Whether the vocabulary embedding with checkpoint module name ``prefix`` (``model.embed_tokens``,
+        an untied ``lm_head``) keeps this method's format instead of dense model-dtype rows.
+
+        Where it does, the embedding holds its ``[vocab, hidden]`` matrix as a one-shard linear layer
+        of this method (made by :meth:`create_weights` under ``prefix``, so the checkpoint's tensor
+        loads as a linear layer's does): the LM head's logits are :meth:`apply` on it and a lookup is
+        :meth:`embedding`. Asked only without tensor parallelism; the default (False) keeps the
+        embedding dense.
+        """
+        return False
+
+    def embedding(self, layer: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+        """The rows ``[*ids.shape, in_features]`` of ``ids`` (int64, any shape) of the ``[vocab, hidden]``
+        matrix ``layer`` holds in this method's format, in ``layer.params_dtype``: an embedding lookup.
+
+        Called only on an embedding :meth:`keeps_embedding` kept; a method that keeps one implements it.
+        """
+        raise NotImplementedError(f"quantization method {self.name!r} keeps an embedding but cannot look rows up")
+
     @abstractmethod
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """``x @ W.T + bias`` for ``x`` of shape ``[..., input_size]``, in ``x``'s dtype."""

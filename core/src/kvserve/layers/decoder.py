@@ -204,9 +204,13 @@ class DecoderModel(torch.nn.Module):
     """Token embedding (scaled where the spec says), the decoder layers and the final norm (HF's
     ``model.*`` submodule)."""
 
-    def __init__(self, hf_config: Any, spec: DecoderSpec, layers: list[DecoderLayer]) -> None:
+    def __init__(
+        self, hf_config: Any, spec: DecoderSpec, layers: list[DecoderLayer], quant_method: QuantizationMethod
+    ) -> None:
         super().__init__()
-        self.embed_tokens = VocabEmbedding(hf_config.vocab_size, hf_config.hidden_size)
+        self.embed_tokens = VocabEmbedding(
+            hf_config.vocab_size, hf_config.hidden_size, quant_method, "model.embed_tokens"
+        )
         # Made in the default (model) dtype, so rounded to it as HF's is (Gemma's sqrt(640) is
         # 25.25 in bfloat16, not 25.30).
         scale = None if spec.embedding_scale is None else torch.tensor(spec.embedding_scale)
@@ -259,11 +263,11 @@ class DecoderForCausalLM(torch.nn.Module):
             )
             for i in range(num_layers)
         ]
-        self.model = DecoderModel(hf_config, spec, layers)
+        self.model = DecoderModel(hf_config, spec, layers, quant_method)
         if self.tie_word_embeddings:
             self.lm_head = self.model.embed_tokens
         else:
-            self.lm_head = VocabEmbedding(hf_config.vocab_size, hf_config.hidden_size)
+            self.lm_head = VocabEmbedding(hf_config.vocab_size, hf_config.hidden_size, quant_method, "lm_head")
 
     @classmethod
     def decoder_spec(cls, hf_config: Any) -> DecoderSpec:

@@ -8,6 +8,9 @@ shard_rows)``, its rows past the vocabulary zero. A
 lookup embeds the ids of the rank's shard, zeros for the others, and sums over ranks (exact:
 each row comes from one rank); the LM head computes the rank's logits and gathers them on
 rank 0, where the padding columns are cut off. One rank holds the whole, unpadded matrix.
+
+A quantization method may keep the matrix in its own format (``QuantizationMethod.keeps_embedding``,
+one rank only): a GGUF file's Q8_0 ``token_embd`` stays in its blocks, as vLLM's GGUF embedding does.
 """
 
 from __future__ import annotations
@@ -19,9 +22,11 @@ import torch.nn.functional as F
 
 from kvserve import distributed
 from kvserve.errors import WeightLoadError
+from kvserve.layers.linear import ColumnLinear
 
 if TYPE_CHECKING:
     from kvserve.interfaces.linear_kernel import LinearKernel
+    from kvserve.interfaces.quantization import QuantizationMethod
 
 VOCAB_PADDING = 64
 """Under tensor parallelism the vocabulary is padded to a multiple of this before it is split."""
@@ -34,9 +39,15 @@ class VocabEmbedding(torch.nn.Module):
     shard_rows)``, of which the first ``real_rows`` are in the vocabulary (``shard_rows ==
     real_rows == vocab_size`` on one rank). It loads from the full checkpoint matrix with
     :meth:`load`.
+
+    Where ``quant_method`` keeps the embedding ``prefix`` in its format (one rank only),
+    ``quantized`` holds the matrix instead, as a ``[hidden -> vocab]`` :class:`ColumnLinear` of that
+    method named ``prefix`` (the checkpoint's tensor loads into it), and ``weight`` is empty.
     """
 
-    def __init__(self, vocab_size: int, hidden_size: int) -> None:
+    def __init__(
+        self, vocab_size: int, hidden_size: int, quant_method: QuantizationMethod | None = None, prefix: str = ""
+    ) -> None:
         super().__init__()
         self.vocab_size, self.hidden_size = vocab_size, hidden_size
         ranks, rank = distributed.world_size(), distributed.rank()
@@ -47,8 +58,11 @@ class VocabEmbedding(torch.nn.Module):
             self.shard_rows = -(-padded // ranks)
         self.vocab_start = rank * self.shard_rows
         self.real_rows = max(0, min(vocab_size - self.vocab_start, self.shard_rows))
+        self.quantized: ColumnLinear | None = None
+        if quant_method is not None and ranks == 1 and quant_method.keeps_embedding(prefix):
+            self.quantized = ColumnLinear(hidden_size, vocab_size, False, quant_method, prefix)
         # Left uninitialised: weight loading fills it, and random init of a large vocab is slow.
-        weight = torch.empty(self.shard_rows, hidden_size)
+        weight = torch.empty(0 if self.quantized else self.shard_rows, hidden_size)
         weight[self.real_rows :] = 0  # padding rows: their logits are cut off, their ids never looked up
         self.weight = torch.nn.Parameter(weight, requires_grad=False)
         self.head_kernel: LinearKernel | None = None
@@ -66,6 +80,8 @@ class VocabEmbedding(torch.nn.Module):
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Embedding rows ``[*input_ids.shape, hidden]`` of ``input_ids`` (full-vocabulary ids), on
         every rank."""
+        if self.quantized is not None:
+            return self.quantized.quant_method.embedding(self.quantized, input_ids)
         if distributed.world_size() == 1:
             return F.embedding(input_ids, self.weight)
         local = input_ids - self.vocab_start
@@ -77,6 +93,8 @@ class VocabEmbedding(torch.nn.Module):
         """LM-head logits ``hidden [n, hidden] @ W^T`` in ``hidden``'s dtype: ``[n, vocab_size]`` on
         rank 0; every other rank gets its own shard's ``[n, shard_rows]`` (padding included), which
         its caller discards (only rank 0 returns logits)."""
+        if self.quantized is not None:
+            return self.quantized(hidden)
         if self.head_kernel is None:
             local = F.linear(hidden, self.weight)
         else:
@@ -91,8 +109,11 @@ class VocabEmbedding(torch.nn.Module):
         ``kernel.pack`` takes it; returns whether it did.
 
         Without ``keep_embedding`` (an untied LM head, never asked to embed) the dense weight is
-        freed and :meth:`forward` can no longer run.
+        freed and :meth:`forward` can no longer run. A :attr:`quantized` matrix stays as its method
+        holds it (its method moves it onto the kernel as it does a linear layer's).
         """
+        if self.quantized is not None:
+            return False
         packed = kernel.pack(self.weight.data)
         if packed is None:
             return False

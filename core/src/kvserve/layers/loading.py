@@ -67,7 +67,8 @@ def checkpoint_targets(model: torch.nn.Module) -> dict[str, _Target]:
                     targets[f"{shard_prefix}.{param}"] = _Target(module, param, shard, loading.optional)
             continue
         if isinstance(module, VocabEmbedding):
-            targets[f"{module_name}.weight"] = _Target(module, "weight", None, False)
+            if module.quantized is None:  # else its linear layer (visited next) names its tensors
+                targets[f"{module_name}.weight"] = _Target(module, "weight", None, False)
             continue
         optional = getattr(module, "optional_params", ())
         for param, _ in module.named_parameters(recurse=False):

@@ -18,6 +18,7 @@ import torch
 
 from kvserve.forward_context import ForwardContext, get_forward_context
 from kvserve.interfaces.lora_kernel import LoRABatch, LoRAKernel
+from kvserve.layers.embedding import VocabEmbedding
 from kvserve.layers.linear import LinearBase
 
 LORA_SLOT = "lora_slot"
@@ -145,8 +146,10 @@ class LoRASlots:
         self.targets: dict[str, tuple[int, int]] = {}
         """Checkpoint module name -> (input, output features) of the whole (unsharded, unpacked) layer:
         what an adapter's shapes are checked against."""
+        # A quantized vocabulary matrix is held as a linear layer; LoRA covers the projections only.
+        embeddings = {id(m.quantized) for m in model.modules() if isinstance(m, VocabEmbedding)}
         for module in model.modules():
-            if isinstance(module, LinearBase):
+            if isinstance(module, LinearBase) and id(module) not in embeddings:
                 lora = LoRALinear(
                     module.input_size, module.output_sizes, max_loras, max_rank, self.step, module.params_dtype
                 )

@@ -1,5 +1,6 @@
 """The embedded GGUF files kept in their GGML blocks: the same greedy tokens as dequantizing them at
-load (float32 both ways), and the linear layers hold the file's bytes, not a dense copy."""
+load (float32 both ways), and the linear layers and the token embedding hold the file's bytes, not
+a dense copy."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 from kvserve import LLM, SamplingParams
 from kvserve.layers import LinearBase
+from kvserve.layers.embedding import VocabEmbedding
 from kvserve.loader.default_model import embedded_gguf_path
 
 PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.", "List three prime numbers:"]
@@ -37,16 +39,21 @@ LINEAR = re.compile(r"blk\.\d+\.(attn_[qkv]|attn_output|ffn_gate|ffn_up|ffn_down
 """llama.cpp's names of the decoder's linear weights (Llama and Gemma)."""
 
 
+def resident_bytes(modules) -> int:
+    return sum(t.numel() * t.element_size() for m in modules for t in [*m.parameters(), *m.buffers()])
+
+
 def linear_bytes(model) -> tuple[int, int]:
-    """Resident bytes of the model's linear layers, and how many checkpoint weights they hold."""
-    layers = [m for m in model.modules() if isinstance(m, LinearBase)]
-    resident = sum(t.numel() * t.element_size() for m in layers for t in [*m.parameters(), *m.buffers()])
-    return resident, sum(len(m.shard_prefixes) for m in layers)
+    """Resident bytes of the model's linear layers (the decoder's projections: not the embedding's
+    matrix, which a linear layer holds too), and how many checkpoint weights they hold."""
+    embeddings = {id(m.quantized) for m in model.modules() if isinstance(m, VocabEmbedding)}
+    layers = [m for m in model.modules() if isinstance(m, LinearBase) and id(m) not in embeddings]
+    return resident_bytes(layers), sum(len(m.shard_prefixes) for m in layers)
 
 
-def file_bytes(path) -> tuple[int, int]:
-    """Bytes the file stores for the decoder's linear weights, and how many there are."""
-    tensors = [t for t in gguf.GGUFReader(path).tensors if LINEAR.fullmatch(t.name)]
+def file_bytes(path, names: re.Pattern = LINEAR) -> tuple[int, int]:
+    """Bytes the file stores for the tensors ``names`` matches (the decoder's linear weights), and how many."""
+    tensors = [t for t in gguf.GGUFReader(path).tensors if names.fullmatch(t.name)]
     return sum(int(t.n_bytes) for t in tensors), len(tensors)
 
 
@@ -59,6 +66,13 @@ def check(path, prompts: list[str], tokens: int) -> None:
     print(f"{path.name}: {weights} linear weights hold {resident / 2**20:.1f} MiB, the file {stored / 2**20:.1f} MiB")
     assert weights == tensors
     assert abs(resident - stored) <= 0.1 * stored
+    # The token embedding (and the tied LM head) stays in the file's blocks: its rows are looked up
+    # from them, and no dense copy is resident.
+    embedding = packed.engine.model.model.embed_tokens
+    embedded, _ = file_bytes(path, re.compile("token_embd.weight"))
+    print(f"{path.name}: the token embedding holds {resident_bytes([embedding]) / 2**20:.1f} MiB, the file "
+          f"{embedded / 2**20:.1f} MiB")  # fmt: skip
+    assert embedding.quantized is not None and resident_bytes([embedding]) == embedded
     ours = greedy_tokens(packed, prompts, tokens)
     del packed
     assert ours == greedy_tokens(LLM(str(path), quantization="none", **kwargs), prompts, tokens)

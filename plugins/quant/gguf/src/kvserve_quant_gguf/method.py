@@ -76,6 +76,20 @@ class GGUFLinearMethod(QuantizationMethod):
         layer.ggml_kernel = None
         """The platform's LinearKernel where it multiplies every shard's type (:meth:`use_linear_kernel`)."""
 
+    def keeps_embedding(self, prefix: str) -> bool:
+        """Keep the file's embedding (``token_embd``; an untied ``output``) in its blocks, as vLLM's
+        GGUF embedding does, where it is of a block type this method runs (an F32 one stays dense)."""
+        type_name = self.tensor_types.get(prefix)
+        return type_name in FORMATS and type_name != "F32"
+
+    def embedding(self, layer: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+        """The rows of ``ids``: their blocks gathered and dequantized, as the file's reference
+        dequantization gives them (no other row is touched)."""
+        fmt, _, start, stop = layer.ggml_shards[0]
+        rows = layer.qweight[start:stop].view(-1, fmt.row_bytes(layer.input_size))[ids.reshape(-1)]
+        weights = fmt.dequantize(rows.reshape(-1), layer.input_size, layer.params_dtype)
+        return weights.view(*ids.shape, layer.input_size)
+
     def use_linear_kernel(self, layer, kernel) -> bool:
         """Take the kernel's products of the blocks where it runs every shard's type and the activations
         are not float32 (whose results stay those of the dequantized weight)."""
