@@ -4,6 +4,7 @@ dequantized at load (``quantization="none"``), against llama.cpp on the same fil
 Each kvserve mode runs in a fresh process (so neither warms the other's caches), bfloat16:
 
 - start-up: building ``LLM`` on the ``.gguf`` file (parse, load, kernel build if not cached);
+  ``-O 1``/``-O 2`` runs kvserve's compiled levels, their step shapes compiled in an untimed warm-up;
 - one stream: one prompt of ``--prompt-len`` token ids, ``--tokens`` greedy tokens (``ignore_eos``);
 - batch: ``--batch`` such prompts at once.
 
@@ -37,13 +38,15 @@ RUN = """
 import json, random, sys, time
 from kvserve import LLM
 from kvserve.benchmarking.offline import fixed_length_params
-model, quantization, prompt_len, batch, tokens, repeat = json.loads(sys.argv[1])
+model, quantization, level, prompt_len, batch, tokens, repeat = json.loads(sys.argv[1])
 start = time.perf_counter()
-llm = LLM(model, quantization=quantization, dtype="bfloat16", max_model_len=512)
+llm = LLM(model, quantization=quantization, dtype="bfloat16", max_model_len=512, optimization_level=level)
 startup = time.perf_counter() - start
 rng, vocab = random.Random(0), len(llm.get_tokenizer())
 prompts = [[rng.randrange(vocab) for _ in range(prompt_len)] for _ in range(batch)]
-llm.generate(prompts[:1], fixed_length_params(4), use_tqdm=False)
+# Warm-up: at a compiled level, the step shapes both cases run get compiled here, not while timed.
+for warm in (prompts[:1], prompts):
+    llm.generate(warm, fixed_length_params(4), use_tqdm=False)
 def rate(batch):
     best = 0.0
     for _ in range(repeat):
@@ -57,7 +60,8 @@ print(json.dumps({"startup_s": startup, "single_tok_s": rate(prompts[:1]), "batc
 
 def measure(model: str, quantization: str, args: argparse.Namespace) -> dict[str, float]:
     """The figures of one fresh kvserve process."""
-    spec = json.dumps([model, quantization, args.prompt_len, args.batch, args.tokens, args.repeat])
+    sizes = [args.prompt_len, args.batch, args.tokens, args.repeat]
+    spec = json.dumps([model, quantization, args.optimization_level, *sizes])
     out = subprocess.run([sys.executable, "-c", RUN, spec], check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -103,6 +107,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--modes", nargs="+", default=["gguf", "none"], help="kvserve quantization values")
     parser.add_argument(
+        "-O", "--optimization-level", type=int, default=0, help="kvserve's (1, 2: compiled; warmed up untimed)"
+    )
+    parser.add_argument(
         "--llamacpp", type=Path, default=DEFAULT_LLAMACPP, help="llama.cpp's tools; skipped where absent"
     )
     args = parser.parse_args()
@@ -113,7 +120,7 @@ def main() -> None:
     threads = int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count())
     name, flags = cpu_name_and_flags()
     isa = [flag for flag in ("avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "avx2") if flag in flags]
-    print(f"CPU: {name}; ISA: {' '.join(isa)}; threads: {threads}; {Path(model).name}")
+    print(f"CPU: {name}; ISA: {' '.join(isa)}; threads: {threads}; {Path(model).name}; -O{args.optimization_level}")
     results = {mode: measure(model, mode, args) for mode in args.modes}
     peer = None
     if (args.llamacpp / "llama-batched-bench").exists():

@@ -117,6 +117,9 @@ class NativeLinearKernel(LinearKernel):
             logger.warning("kvserve-platform-cpu: GGML kernel unavailable (GGUF layers dequantize): %s", reason)
             return frozenset()
         _register_ggml_fake()
+        # Asked now, at load: cached_property's lock is a context manager torch.compile cannot trace,
+        # so apply_ggml must find the answers already cached when a compiled forward first runs it.
+        _ = self.ggml_path
         return frozenset(GGML_TYPE_IDS)
 
     @functools.cached_property
