@@ -10,7 +10,7 @@ from collections.abc import Callable
 import torch
 
 from kvserve import distributed
-from kvserve.interfaces import DeviceCapability, LoRAKernel, Platform
+from kvserve.interfaces import DeviceCapability, LinearKernel, LoRAKernel, Platform
 from kvserve_platform_cuda import capability as sm
 
 logger = logging.getLogger("kvserve")
@@ -95,6 +95,12 @@ class CudaPlatform(Platform):
         random.seed(seed)
         torch.manual_seed(seed)
         torch.cuda.manual_seed_all(seed)
+
+    def linear_kernel(self) -> LinearKernel | None:
+        # GGUF layers only (dense ones stay on cuBLAS); triton loads when one asks for its ggml_types
+        from kvserve_platform_cuda.ggml.kernel import TritonGGMLKernel
+
+        return TritonGGMLKernel()
 
     def lora_kernel(self) -> LoRAKernel | None:
         # triton loads here, not with the platform: only an engine with enable_lora needs it

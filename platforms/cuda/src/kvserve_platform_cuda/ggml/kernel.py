@@ -1,0 +1,51 @@
+"""TritonGGMLKernel: the CUDA platform's LinearKernel, for GGUF layers' GGML blocks only."""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import torch
+
+from kvserve.interfaces.linear_kernel import LinearKernel
+
+logger = logging.getLogger("kvserve")
+
+
+class TritonGGMLKernel(LinearKernel):
+    """``x @ W.T`` for weights held as 32-weight GGML blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): one Triton
+    dequantize-GEMM, each program dequantizing the tiles of ``W`` it multiplies (never the whole
+    matrix) and accumulating in float32. Dense weights stay on ``F.linear`` (cuBLAS): :meth:`pack`
+    takes none."""
+
+    name = "triton-ggml"
+
+    @functools.cached_property
+    def ggml_types(self) -> frozenset[str]:
+        """The block types of ``triton_ggml``, asked when a GGUF model's layers are offered the kernel:
+        triton loads then (only GGUF models pay for it); none where triton is not installed."""
+        try:
+            from kvserve_platform_cuda.ggml.triton_ggml import TYPES
+        except ModuleNotFoundError as exc:
+            if exc.name != "triton":
+                raise
+            logger.warning("triton is not installed: GGUF layers dequantize their weight every call")
+            return frozenset()
+        return frozenset(TYPES)
+
+    def pack(self, weight: torch.Tensor) -> torch.Tensor | None:
+        """``None``: cuBLAS's ``F.linear`` is what dense weights run fastest on."""
+        return None
+
+    def apply(self, x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """Never reached: :meth:`pack` packs no weight."""
+        raise NotImplementedError(f"{type(self).__name__} packs no dense weights")
+
+    def apply_ggml(self, x: torch.Tensor, blocks: torch.Tensor, ggml_type: str, out_features: int) -> torch.Tensor:
+        """The dequantize-GEMM on ``x`` as it is (bfloat16 and float16 on the tensor cores, the weight's
+        tiles rounded to that dtype as the dequantized weight would be); float32 ``[M, out_features]``."""
+        # asking ggml_types loads the op where no one has yet (at load use_linear_kernel has: a compiled
+        # forward finds it cached, a plain attribute then, which dynamo traces)
+        if ggml_type not in self.ggml_types:
+            raise ValueError(f"{type(self).__name__} multiplies {sorted(self.ggml_types)} blocks, not {ggml_type}")
+        return torch.ops.kvserve_cuda_ggml.ggml_linear.default(x, blocks, ggml_type, out_features)
