@@ -11,11 +11,10 @@ import sys
 import numpy as np
 import pytest
 import torch
+from gguf import GGMLQuantizationType
+from gguf import quants as gguf_quants
 
 from kvserve_platform_cuda.ggml.kernel import TritonGGMLKernel
-
-gguf_quants = pytest.importorskip("gguf.quants")
-from gguf import GGMLQuantizationType  # noqa: E402  (after the skip: gguf is a test-only dependency here)
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]
