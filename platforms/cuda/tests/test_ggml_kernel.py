@@ -8,6 +8,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import gguf
 import numpy as np
 import pytest
 import torch
@@ -18,25 +19,38 @@ from kvserve_platform_cuda.ggml.kernel import TritonGGMLKernel
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]
-# in_features of 9 blocks: a partial last K tile on the GPU's 64-wide tiles and the interpreter's 256-wide
-# ones (two K steps there); 75 output features: a partial column tile (two on the GPU)
-IN_FEATURES, OUT_FEATURES = 288, 75
+K_TYPES = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+"""The K-quants, which gguf-py cannot quantize: random bytes but for the float16 fields, at these offsets."""
+# 9 blocks of 32 weights: a partial last K tile on the GPU's 64-wide tiles and the interpreter's
+# 256-wide ones (two K steps there); the K-quants' 2 super-blocks: a K step each in the interpreter;
+# 75 output features: a partial column tile (two on the GPU)
+IN_FEATURES, K_IN_FEATURES, OUT_FEATURES = 288, 512, 75
 
 
 def quantized(ggml_type: str, out_features: int, in_features: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """A random weight's flat GGML blocks (uint8, on the device) and gguf-py's float64 dequantization of them."""
     rng = np.random.default_rng(seed)
-    weight = rng.standard_normal((out_features, in_features)).astype(np.float32)
-    weight[0, :32] += 4.0  # one block all positive: Q4_1/Q5_1's min and the top quant levels are hit
     qtype = GGMLQuantizationType[ggml_type]
-    data = gguf_quants.quantize(weight, qtype)
+    if ggml_type in K_TYPES:
+        # every bit pattern of the quants and 6-bit scales, with small finite scales
+        block_weights, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+        data = rng.integers(0, 256, (out_features * in_features // block_weights, block_bytes), dtype=np.uint8)
+        for offset in K_TYPES[ggml_type]:
+            halfs = rng.uniform(0.001, 0.01, data.shape[0]).astype(np.float16)
+            data[:, offset : offset + 2] = halfs.view(np.uint8).reshape(-1, 2)
+        data = data.reshape(out_features, -1)
+    else:
+        weight = rng.standard_normal((out_features, in_features)).astype(np.float32)
+        weight[0, :32] += 4.0  # one block all positive: Q4_1/Q5_1's min and the top quant levels are hit
+        data = gguf_quants.quantize(weight, qtype)
     dequantized = torch.from_numpy(gguf_quants.dequantize(data, qtype).astype(np.float64))
     return torch.from_numpy(data.reshape(-1).copy()).to(DEVICE), dequantized
 
 
 def check(ggml_type: str, rows: int, dtype: torch.dtype, out_features: int = OUT_FEATURES, seed: int = 0) -> None:
-    blocks, weight = quantized(ggml_type, out_features, IN_FEATURES, seed)
-    x = torch.randn(rows, IN_FEATURES, generator=torch.Generator().manual_seed(seed + 1)).to(dtype)
+    in_features = K_IN_FEATURES if ggml_type in K_TYPES else IN_FEATURES
+    blocks, weight = quantized(ggml_type, out_features, in_features, seed)
+    x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(seed + 1)).to(dtype)
     y = TritonGGMLKernel().apply_ggml(x.to(DEVICE), blocks, ggml_type, out_features)
     assert y.shape == (rows, out_features) and y.dtype == torch.float32, f"{tuple(y.shape)} {y.dtype}"
     # The kernel multiplies the weight rounded to x's dtype, as F.linear on the dequantized weight
@@ -52,14 +66,14 @@ def check(ggml_type: str, rows: int, dtype: torch.dtype, out_features: int = OUT
 
 
 @pytest.mark.parametrize("rows", [1, 3, 17])
-@pytest.mark.parametrize("ggml_type", TYPES)
+@pytest.mark.parametrize("ggml_type", TYPES + list(K_TYPES))
 def test_matches_gguf_dequantization(ggml_type, rows):
     """Each type, one row (a decode step), a few and more than one 16-row tile, float32 rows multiplied
     in full precision: the dequantization exactly."""
     check(ggml_type, rows, torch.float32)
 
 
-@pytest.mark.parametrize("ggml_type", TYPES)
+@pytest.mark.parametrize("ggml_type", TYPES + list(K_TYPES))
 def test_bfloat16_and_float16_rows(ggml_type):
     """The models' dtypes (on a GPU the tensor cores' inputs)."""
     check(ggml_type, 3, torch.bfloat16, out_features=33, seed=2)
@@ -76,7 +90,7 @@ def test_wrong_sized_blocks_are_refused():
 def test_kernel_offers_the_block_types_and_packs_no_dense_weight():
     """What ``use_linear_kernel`` reads, and the dense layers left to cuBLAS."""
     kernel = TritonGGMLKernel()
-    assert kernel.ggml_types == frozenset(TYPES)
+    assert kernel.ggml_types == frozenset(TYPES) | frozenset(K_TYPES)
     assert kernel.pack(torch.zeros(8, 8, device=DEVICE)) is None
 
 

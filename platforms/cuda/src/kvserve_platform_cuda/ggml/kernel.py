@@ -13,9 +13,9 @@ logger = logging.getLogger("kvserve")
 
 
 class TritonGGMLKernel(LinearKernel):
-    """``x @ W.T`` for weights held as 32-weight GGML blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): one Triton
-    dequantize-GEMM, each program dequantizing the tiles of ``W`` it multiplies (never the whole
-    matrix) and accumulating in float32. Dense weights stay on ``F.linear`` (cuBLAS): :meth:`pack`
+    """``x @ W.T`` for weights held as GGML blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and the K-quants Q4_K,
+    Q5_K, Q6_K): one Triton dequantize-GEMM, each program dequantizing the tiles of ``W`` it multiplies
+    (never the whole matrix) and accumulating in float32. Dense weights stay on ``F.linear`` (cuBLAS): :meth:`pack`
     takes none."""
 
     name = "triton-ggml"
