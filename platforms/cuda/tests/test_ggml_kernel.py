@@ -80,6 +80,32 @@ def test_bfloat16_and_float16_rows(ggml_type):
     check(ggml_type, 17, torch.float16, out_features=33, seed=3)
 
 
+def test_gguf_layer_with_shards_of_two_types_runs_on_the_kernel():
+    """The GGUF method hands the kernel a fused layer whose shards differ in type (Gemma-3's Q4_K_M
+    file: q/k in Q5_0, v in Q8_0), once offered it; every forward then multiplies each shard's blocks
+    there, and the layer's output is the dequantized weight's product in the activations' dtype."""
+    from kvserve.layers import MergedColumnLinear
+    from kvserve.runner.build import default_dtype
+
+    gguf_method = pytest.importorskip("kvserve_quant_gguf.method", reason="the GGUF plugin is not installed")
+    types, sizes = ["Q5_0", "Q8_0"], [48, 16]
+    config = {"quant_method": "gguf", "tensor_types": {"q": types[0], "v": types[1]}, "split_count": 1}
+    method = gguf_method.GGUFLinearMethod(config)
+    with default_dtype(torch.bfloat16):  # the layer's params_dtype: the model dtype
+        layer = MergedColumnLinear(64, sizes, False, method, "qv", ["q", "v"]).to(DEVICE)
+    shards = [quantized(t, n, 64, seed) for seed, (t, n) in enumerate(zip(types, sizes, strict=True))]
+    layer.qweight.data.copy_(torch.cat([blocks for blocks, _ in shards]))
+    method.process_weights_after_loading(layer)
+    assert method.use_linear_kernel(layer, TritonGGMLKernel()), f"the kernel was refused {types}"
+    x = torch.randn(2, 3, 64, generator=torch.Generator().manual_seed(9)).to(torch.bfloat16)
+    with torch.no_grad():
+        y = layer(x.to(DEVICE))
+    assert y.shape == (2, 3, sum(sizes)) and y.dtype == torch.bfloat16, f"{tuple(y.shape)} {y.dtype}"
+    reference = x.double() @ torch.cat([weight for _, weight in shards]).T
+    error = ((y.cpu().double() - reference).norm() / reference.norm()).item()
+    assert error < 1e-2, f"relative error {error:.2e}"
+
+
 def test_wrong_sized_blocks_are_refused():
     """Blocks that are not ``out_features`` rows of the type are a ValueError, not a read past the end."""
     blocks, _ = quantized("Q8_0", 4, 64, seed=0)
