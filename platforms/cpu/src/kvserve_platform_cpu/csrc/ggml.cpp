@@ -53,6 +53,24 @@ constexpr int64_t kQ8_0 = 8;
 constexpr int64_t kQ4_K = 12;
 constexpr int64_t kQ5_K = 13;
 constexpr int64_t kQ6_K = 14;
+
+// Weights and bytes per block of each type (ggml's block structs), the one place the kernels read them.
+constexpr int64_t block_weights(int64_t type) {
+  return type == kQ4_K || type == kQ5_K || type == kQ6_K ? kSuper : kBlock;
+}
+constexpr int64_t block_bytes(int64_t type) {
+  switch (type) {
+    case kQ4_0: return 18;
+    case kQ4_1: return 20;
+    case kQ5_0: return 22;
+    case kQ5_1: return 24;
+    case kQ8_0: return 34;
+    case kQ4_K: return 144;
+    case kQ5_K: return 176;
+    case kQ6_K: return 210;
+    default: return 0;  // not a type these kernels run
+  }
+}
 // Rows up to which `ggml_linear`'s integer dots beat the tiles (single thread, Q4_1, one each of SmolLM2's
 // q, k, gate and down shapes: 1 row 110 us vs 120 us with the weights in cache, 117 us vs 143 us out of it;
 // 2 rows 186 us vs 125 us).
@@ -101,8 +119,6 @@ void quantize_row(const float* x, int64_t blocks, ActBlock* out) {
   }
 }
 
-int64_t dot_type_size(int64_t type) { return type == kQ8_0 ? 34 : 20; }
-
 // Portable: one output feature against one activation row.
 float dot_portable(int64_t type, const uint8_t* w, const ActBlock* a, int64_t blocks) {
   float acc = 0.f;
@@ -117,7 +133,7 @@ float dot_portable(int64_t type, const uint8_t* w, const ActBlock* a, int64_t bl
       for (int i = 0; i < kBlock / 2; ++i) isum += (qs[i] & 0x0F) * a->q[i] + (qs[i] >> 4) * a->q[i + 16];
       acc += half_at(w) * a->d * static_cast<float>(isum) + half_at(w + 2) * a->d * static_cast<float>(a->sum);
     }
-    w += dot_type_size(type);
+    w += block_bytes(type);
   }
   return acc;
 }
@@ -139,7 +155,7 @@ inline __m256i block_quants(int64_t type, const uint8_t* w) {
 
 // Two blocks a step on 512-bit vectors: lanes 0-7 hold block b's partial sums, 8-15 block b + 1's.
 float dot_vnni(int64_t type, const uint8_t* w, const ActBlock* a, int64_t blocks) {
-  const int64_t size = dot_type_size(type);
+  const int64_t size = block_bytes(type);
   __m512 acc = _mm512_setzero_ps();
   float offset = 0.f;
   int64_t b = 0;
@@ -185,7 +201,7 @@ at::Tensor ggml_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t ty
   const at::Tensor rows = x.contiguous();
   const int64_t M = rows.size(0), K = rows.size(1), N = out_features;
   TORCH_CHECK(K % kBlock == 0, "ggml_linear: in_features ", K, " is not a multiple of 32");
-  const int64_t nblocks = K / kBlock, row_bytes = nblocks * dot_type_size(type);
+  const int64_t nblocks = K / kBlock, row_bytes = nblocks * block_bytes(type);
   TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.is_contiguous() && blocks.numel() == N * row_bytes,
               "ggml_linear: blocks must be contiguous uint8 of ", N * row_bytes, " bytes");
   std::vector<ActBlock> act(M * nblocks);
@@ -215,25 +231,6 @@ int64_t ggml_dot_rows() { return kDotRows; }
 
 // ---------------------------------------------------------------------------------------------------
 // Any rows: tiles dequantized to bfloat16, then a GEMM.
-
-struct TileFormat {
-  int64_t block;  // weights per block
-  int64_t bytes;  // bytes per block
-};
-
-TileFormat tile_format(int64_t type) {
-  switch (type) {
-    case kQ4_0: return {kBlock, 18};
-    case kQ4_1: return {kBlock, 20};
-    case kQ5_0: return {kBlock, 22};
-    case kQ5_1: return {kBlock, 24};
-    case kQ8_0: return {kBlock, 34};
-    case kQ4_K: return {kSuper, 144};
-    case kQ5_K: return {kSuper, 176};
-    case kQ6_K: return {kSuper, 210};
-    default: TORCH_CHECK(false, "ggml_tiled_linear: GGML type ", type, " has no tile dequantization");
-  }
-}
 
 // The dequantization must round as ggml.py's does (a product, then a separate sum), so that the bfloat16
 // weights equal the dense path's bit for bit: no fused multiply-adds here (GCC contracts `d * q + m` into
@@ -332,8 +329,9 @@ inline void dequantize_q6_k(const uint8_t* w, float* out) {
 
 // `count` consecutive blocks (a tile's rows lie one after the other) into `out`, one type's loop each, so
 // that the type's constants stay in registers across its blocks.
-template <int64_t kWeights, int64_t kBytes, typename T, void (*kDequantize)(const uint8_t*, T*)>
+template <int64_t kType, typename T, void (*kDequantize)(const uint8_t*, T*)>
 void dequantize_blocks(const uint8_t* w, int64_t count, T* out) {
+  constexpr int64_t kWeights = block_weights(kType), kBytes = block_bytes(kType);
   for (int64_t b = 0; b < count; ++b) {
     __builtin_prefetch(w + b * kBytes + kPrefetchBytes);
     kDequantize(w + b * kBytes, out + b * kWeights);
@@ -343,14 +341,14 @@ void dequantize_blocks(const uint8_t* w, int64_t count, T* out) {
 // `count` blocks of `type`, float32, exactly as ggml.py computes them.
 void dequantize_tile(int64_t type, const uint8_t* w, int64_t count, float* out) {
   switch (type) {
-    case kQ4_0: return dequantize_blocks<kBlock, 18, float, dequantize_q4_q5<false, false>>(w, count, out);
-    case kQ4_1: return dequantize_blocks<kBlock, 20, float, dequantize_q4_q5<true, false>>(w, count, out);
-    case kQ5_0: return dequantize_blocks<kBlock, 22, float, dequantize_q4_q5<false, true>>(w, count, out);
-    case kQ5_1: return dequantize_blocks<kBlock, 24, float, dequantize_q4_q5<true, true>>(w, count, out);
-    case kQ8_0: return dequantize_blocks<kBlock, 34, float, dequantize_q8_0>(w, count, out);
-    case kQ4_K: return dequantize_blocks<kSuper, 144, float, dequantize_k4_k5<false>>(w, count, out);
-    case kQ5_K: return dequantize_blocks<kSuper, 176, float, dequantize_k4_k5<true>>(w, count, out);
-    default: return dequantize_blocks<kSuper, 210, float, dequantize_q6_k>(w, count, out);
+    case kQ4_0: return dequantize_blocks<kQ4_0, float, dequantize_q4_q5<false, false>>(w, count, out);
+    case kQ4_1: return dequantize_blocks<kQ4_1, float, dequantize_q4_q5<true, false>>(w, count, out);
+    case kQ5_0: return dequantize_blocks<kQ5_0, float, dequantize_q4_q5<false, true>>(w, count, out);
+    case kQ5_1: return dequantize_blocks<kQ5_1, float, dequantize_q4_q5<true, true>>(w, count, out);
+    case kQ8_0: return dequantize_blocks<kQ8_0, float, dequantize_q8_0>(w, count, out);
+    case kQ4_K: return dequantize_blocks<kQ4_K, float, dequantize_k4_k5<false>>(w, count, out);
+    case kQ5_K: return dequantize_blocks<kQ5_K, float, dequantize_k4_k5<true>>(w, count, out);
+    default: return dequantize_blocks<kQ6_K, float, dequantize_q6_k>(w, count, out);
   }
 }
 
@@ -476,14 +474,14 @@ inline void dequantize_q6_k_bf16(const uint8_t* w, uint16_t* out) {
 // `count` blocks of `type`, in bfloat16.
 void dequantize_tile_bf16(int64_t type, const uint8_t* w, int64_t count, uint16_t* out) {
   switch (type) {
-    case kQ4_0: return dequantize_blocks<kBlock, 18, uint16_t, dequantize_q4_q5_bf16<false, false>>(w, count, out);
-    case kQ4_1: return dequantize_blocks<kBlock, 20, uint16_t, dequantize_q4_q5_bf16<true, false>>(w, count, out);
-    case kQ5_0: return dequantize_blocks<kBlock, 22, uint16_t, dequantize_q4_q5_bf16<false, true>>(w, count, out);
-    case kQ5_1: return dequantize_blocks<kBlock, 24, uint16_t, dequantize_q4_q5_bf16<true, true>>(w, count, out);
-    case kQ8_0: return dequantize_blocks<kBlock, 34, uint16_t, dequantize_q8_0_bf16>(w, count, out);
-    case kQ4_K: return dequantize_blocks<kSuper, 144, uint16_t, dequantize_k4_k5_bf16<false>>(w, count, out);
-    case kQ5_K: return dequantize_blocks<kSuper, 176, uint16_t, dequantize_k4_k5_bf16<true>>(w, count, out);
-    default: return dequantize_blocks<kSuper, 210, uint16_t, dequantize_q6_k_bf16>(w, count, out);
+    case kQ4_0: return dequantize_blocks<kQ4_0, uint16_t, dequantize_q4_q5_bf16<false, false>>(w, count, out);
+    case kQ4_1: return dequantize_blocks<kQ4_1, uint16_t, dequantize_q4_q5_bf16<true, false>>(w, count, out);
+    case kQ5_0: return dequantize_blocks<kQ5_0, uint16_t, dequantize_q4_q5_bf16<false, true>>(w, count, out);
+    case kQ5_1: return dequantize_blocks<kQ5_1, uint16_t, dequantize_q4_q5_bf16<true, true>>(w, count, out);
+    case kQ8_0: return dequantize_blocks<kQ8_0, uint16_t, dequantize_q8_0_bf16>(w, count, out);
+    case kQ4_K: return dequantize_blocks<kQ4_K, uint16_t, dequantize_k4_k5_bf16<false>>(w, count, out);
+    case kQ5_K: return dequantize_blocks<kQ5_K, uint16_t, dequantize_k4_k5_bf16<true>>(w, count, out);
+    default: return dequantize_blocks<kQ6_K, uint16_t, dequantize_q6_k_bf16>(w, count, out);
   }
 }
 #endif
@@ -578,13 +576,14 @@ constexpr MicroPortable kMicroPortable[4] = {micro_portable<1>, micro_portable<2
 // x: bfloat16 [M, K]; blocks: the weight's blocks, uint8 [N * K / block * bytes]; returns float32 [M, N].
 at::Tensor ggml_tiled_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t type, int64_t out_features,
                              bool bf16) {
-  const TileFormat f = tile_format(type);
+  TORCH_CHECK(block_bytes(type) > 0, "ggml_tiled_linear: GGML type ", type, " has no tile dequantization");
+  const int64_t block = block_weights(type);
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "ggml_tiled_linear: x must be bfloat16 [M, K]");
   TORCH_CHECK(!bf16 || has_bf16(), "ggml_tiled_linear: this build has no AVX512-BF16 path");
   const at::Tensor rows = x.contiguous();
   const int64_t M = rows.size(0), K = rows.size(1), N = out_features;
-  TORCH_CHECK(K % f.block == 0, "ggml_tiled_linear: in_features ", K, " is not a multiple of ", f.block);
-  const int64_t row_bytes = K / f.block * f.bytes;
+  TORCH_CHECK(K % block == 0, "ggml_tiled_linear: in_features ", K, " is not a multiple of ", block);
+  const int64_t row_bytes = K / block * block_bytes(type);
   TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.is_contiguous() && blocks.numel() == N * row_bytes,
               "ggml_tiled_linear: blocks must be contiguous uint8 of ", N * row_bytes, " bytes");
   at::Tensor out = at::empty({M, N}, rows.options().dtype(at::kFloat));
@@ -605,7 +604,7 @@ at::Tensor ggml_tiled_linear(const at::Tensor& x, const at::Tensor& blocks, int6
       const int64_t n0 = t * kTile, nt = std::min(kTile, N - n0);
 #if defined(KVSERVE_BF16)
       if (bf16) {
-        dequantize_tile_bf16(type, w + n0 * row_bytes, nt * K / f.block, tile_bf16.data());
+        dequantize_tile_bf16(type, w + n0 * row_bytes, nt * K / block, tile_bf16.data());
         for (int64_t n = 0; n < nt; n += kNR) {
           const int64_t nr = std::min<int64_t>(kNR, nt - n);
           for (int64_t m = 0; m < M; m += kMR) {
@@ -617,7 +616,7 @@ at::Tensor ggml_tiled_linear(const at::Tensor& x, const at::Tensor& blocks, int6
       }
 #endif
       // The float32 weights rounded to bfloat16 as the AVX512-BF16 path rounds them.
-      dequantize_tile(type, w + n0 * row_bytes, nt * K / f.block, tile.data());
+      dequantize_tile(type, w + n0 * row_bytes, nt * K / block, tile.data());
       for (int64_t i = 0; i < nt * K; ++i) tile[i] = bf16_value(bf16_bits(tile[i]));
       for (int64_t n = 0; n < nt; n += 4) {
         const int64_t nr = std::min<int64_t>(4, nt - n);
