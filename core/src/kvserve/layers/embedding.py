@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from kvserve import distributed
 from kvserve.errors import WeightLoadError
-from kvserve.layers.linear import ColumnLinear
+from kvserve.layers.linear import ColumnLinear, LinearBase
 
 if TYPE_CHECKING:
     from kvserve.interfaces.linear_kernel import LinearKernel
@@ -121,3 +121,11 @@ class VocabEmbedding(torch.nn.Module):
         if not keep_embedding:
             self.weight = torch.nn.Parameter(self.weight.data.new_empty(0), requires_grad=False)
         return True
+
+
+def projection_layers(model: torch.nn.Module) -> list[LinearBase]:
+    """The model's linear layers in module (forward) order, but for the ones holding a vocabulary
+    matrix (:attr:`VocabEmbedding.quantized`): the projections that LoRA adapts and that hold the
+    checkpoint's linear weights."""
+    held = {id(m.quantized) for m in model.modules() if isinstance(m, VocabEmbedding) and m.quantized is not None}
+    return [m for m in model.modules() if isinstance(m, LinearBase) and id(m) not in held]

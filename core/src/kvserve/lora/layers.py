@@ -18,7 +18,7 @@ import torch
 
 from kvserve.forward_context import ForwardContext, get_forward_context
 from kvserve.interfaces.lora_kernel import LoRABatch, LoRAKernel
-from kvserve.layers.embedding import VocabEmbedding
+from kvserve.layers.embedding import projection_layers
 from kvserve.layers.linear import LinearBase
 
 LORA_SLOT = "lora_slot"
@@ -146,17 +146,14 @@ class LoRASlots:
         self.targets: dict[str, tuple[int, int]] = {}
         """Checkpoint module name -> (input, output features) of the whole (unsharded, unpacked) layer:
         what an adapter's shapes are checked against."""
-        # A quantized vocabulary matrix is held as a linear layer; LoRA covers the projections only.
-        embeddings = {id(m.quantized) for m in model.modules() if isinstance(m, VocabEmbedding)}
-        for module in model.modules():
-            if isinstance(module, LinearBase) and id(module) not in embeddings:
-                lora = LoRALinear(
-                    module.input_size, module.output_sizes, max_loras, max_rank, self.step, module.params_dtype
-                )
-                module.lora = lora
-                self.layers.append((module, lora))
-                for name, size in zip(module.shard_prefixes, module.full_output_sizes):
-                    self.targets[name] = (module.full_input_size, size)
+        for module in projection_layers(model):
+            lora = LoRALinear(
+                module.input_size, module.output_sizes, max_loras, max_rank, self.step, module.params_dtype
+            )
+            module.lora = lora
+            self.layers.append((module, lora))
+            for name, size in zip(module.shard_prefixes, module.full_output_sizes):
+                self.targets[name] = (module.full_input_size, size)
         # Modules are registered in the order the forward runs them: each layer's next is the next one.
         for (_, lora), (_, following) in zip(self.layers, self.layers[1:]):
             lora.prefetch = (following.lora_a, *following.lora_b)

@@ -11,7 +11,7 @@ import pytest
 
 from kvserve import LLM, SamplingParams
 from kvserve.layers import LinearBase
-from kvserve.layers.embedding import VocabEmbedding
+from kvserve.layers.embedding import projection_layers
 from kvserve.loader.default_model import embedded_gguf_path
 
 PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.", "List three prime numbers:"]
@@ -46,8 +46,7 @@ def resident_bytes(modules) -> int:
 def linear_bytes(model) -> tuple[int, int]:
     """Resident bytes of the model's linear layers (the decoder's projections: not the embedding's
     matrix, which a linear layer holds too), and how many checkpoint weights they hold."""
-    embeddings = {id(m.quantized) for m in model.modules() if isinstance(m, VocabEmbedding)}
-    layers = [m for m in model.modules() if isinstance(m, LinearBase) and id(m) not in embeddings]
+    layers = projection_layers(model)
     return resident_bytes(layers), sum(len(m.shard_prefixes) for m in layers)
 
 
