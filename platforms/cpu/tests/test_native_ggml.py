@@ -78,7 +78,7 @@ def integer_reference(x: np.ndarray, type_name: str, blocks: np.ndarray) -> np.n
 
 @pytest.mark.parametrize("path", DOT_PATHS)
 @pytest.mark.parametrize("type_name", ["Q8_0", "Q4_1"])
-@pytest.mark.parametrize(("m", "n", "k"), [(1, 48, 576), (3, 17, 64), (8, 96, 1536)])
+@pytest.mark.parametrize(("m", "n", "k"), [(1, 48, 576), (3, 17, 64), (2, 9, 96), (8, 96, 1536)])
 def test_products_match_the_integer_reference(path, type_name, m, n, k):
     blocks, dense = weight_blocks(type_name, n, k, seed=n + k)
     x = np.random.default_rng(m).standard_normal((m, k)).astype(np.float32)
@@ -91,6 +91,19 @@ def test_products_match_the_integer_reference(path, type_name, m, n, k):
     exact = x.astype(np.float64) @ dense.T
     error = np.linalg.norm(got - exact) / np.linalg.norm(exact)
     assert error < 0.02, f"the int8 activations move the product by {error:.3g} (relative)"
+
+
+@pytest.mark.parametrize("path", DOT_PATHS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_rows_are_quantized_as_their_float32_values(path, dtype):
+    """A bfloat16/float16 row gives the float32 row's sums (the same int8 blocks), rounded once to its dtype."""
+    blocks, _ = weight_blocks("Q4_1", 40, 576, seed=3)
+    data = torch.from_numpy(blocks.reshape(-1))
+    x = torch.randn(2, 576, generator=torch.Generator().manual_seed(4)).to(dtype)
+    op = torch.ops.kvserve_cpu_ggml.ggml_linear
+    got = op(x, data, 3, 40, path == "vnni")
+    assert got.dtype == dtype
+    assert torch.equal(got, op(x.float(), data, 3, 40, path == "vnni").to(dtype))
 
 
 def tiled(x: torch.Tensor, blocks: np.ndarray, type_name: str, n: int, path: str) -> np.ndarray:
@@ -160,7 +173,7 @@ def test_apply_ggml_picks_integer_dots_for_one_row_and_tiles_for_more():
     data = torch.from_numpy(blocks.reshape(-1))
     x = torch.randn(2, 256, generator=torch.Generator().manual_seed(6)).bfloat16()
     one, two = kernel.apply_ggml(x[:1], data, "Q4_1", 32), kernel.apply_ggml(x, data, "Q4_1", 32)
-    assert torch.equal(one, ops.ggml_linear(x[:1].float(), data, 3, 32, VNNI))
+    assert torch.equal(one, ops.ggml_linear(x[:1], data, 3, 32, VNNI))
     assert torch.equal(two, ops.ggml_tiled_linear(x, data, 3, 32, BF16))
     k_blocks = torch.from_numpy(random_blocks("Q4_K", 32, 256, seed=1).reshape(-1))
     assert torch.equal(
@@ -174,6 +187,6 @@ def test_apply_ggml_takes_activations_of_any_float_dtype():
         for rows in (1, 5):
             x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(6)).to(dtype)
             y = kernel.apply_ggml(x, torch.from_numpy(blocks.reshape(-1)), "Q4_1", 32)
-            assert y.dtype == torch.float32 and y.shape == (rows, 32)
+            assert y.dtype in (torch.float32, dtype) and y.shape == (rows, 32)
             exact = x.double().numpy() @ dense.T
             assert np.linalg.norm(y.double().numpy() - exact) / np.linalg.norm(exact) < 0.02

@@ -80,5 +80,5 @@ class LinearKernel(ABC):
         as a GGUF holds it: ``blocks`` is the flat uint8 of its GGML blocks of ``ggml_type`` (one of
         :attr:`ggml_types`), row after row. A kernel may quantize the activations per block as
         llama.cpp does (integer dot products), so the result approximates the dequantized product;
-        a new float32 ``[M, out_features]`` tensor."""
+        a new ``[M, out_features]`` tensor in float32 or in ``x``'s dtype (the caller casts to ``x``'s)."""
         raise NotImplementedError(f"{type(self).__name__} multiplies no GGML blocks")

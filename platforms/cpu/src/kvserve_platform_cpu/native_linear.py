@@ -138,16 +138,14 @@ class NativeLinearKernel(LinearKernel):
         return "avx512" if vnni or bf16 else "portable"
 
     def apply_ggml(self, x: torch.Tensor, blocks: torch.Tensor, ggml_type: str, out_features: int) -> torch.Tensor:
-        """A row of Q8_0 or Q4_1 on integer dots (``x`` quantized per block to int8); more rows and the
-        other types on tiles dequantized to bfloat16, times ``x`` in bfloat16 (float16 and float32 rows
-        are rounded to it)."""
+        """A row of Q8_0 or Q4_1 on integer dots (``x`` quantized per block to int8; the result in ``x``'s
+        dtype); more rows and the other types on tiles dequantized to bfloat16, times ``x`` in bfloat16
+        (float16 and float32 rows are rounded to it; the result in float32)."""
         dot_rows, vnni, bf16 = self._ggml_build
         simd = self.ggml_path == "avx512"
         type_id = GGML_TYPE_IDS[ggml_type]
         if x.shape[0] <= dot_rows and ggml_type in GGML_DOT_TYPES:
-            return torch.ops.kvserve_cpu_ggml.ggml_linear.default(
-                x.float(), blocks, type_id, out_features, simd and vnni
-            )
+            return torch.ops.kvserve_cpu_ggml.ggml_linear.default(x, blocks, type_id, out_features, simd and vnni)
         op = torch.ops.kvserve_cpu_ggml.ggml_tiled_linear.default
         return op(x.to(torch.bfloat16), blocks, type_id, out_features, simd and bf16)
 
