@@ -73,6 +73,9 @@ class GGUFLinearMethod(QuantizationMethod):
         layer.add_param(PARAM, blocks, ParamLoading(shard_offsets=tuple(offsets)))
         layer.ggml_shards = list(zip(formats, output_sizes, offsets[:-1], offsets[1:], strict=True))
         """Per shard: its format, output features and byte range in ``qweight``."""
+        layer.ggml_runs = _runs(layer.ggml_shards)
+        """The shards merged where neighbours share a format (their blocks are contiguous): one kernel
+        call each, so SmolLM2's all-Q4_1 q/k/v is one product, Gemma's Q5_0 q/k + Q8_0 v two."""
         layer.ggml_kernel = None
         """The platform's LinearKernel where it multiplies every shard's type (:meth:`use_linear_kernel`)."""
 
@@ -110,7 +113,20 @@ class GGUFLinearMethod(QuantizationMethod):
             return F.linear(x, self.dequantize(layer, x.dtype), bias)
         rows = x.reshape(-1, x.shape[-1])
         kernel = layer.ggml_kernel
-        parts = [kernel.apply_ggml(rows, layer.qweight[a:b], fmt.name, n) for fmt, n, a, b in layer.ggml_shards]
+        parts = [kernel.apply_ggml(rows, layer.qweight[a:b], fmt.name, n) for fmt, n, a, b in layer.ggml_runs]
         y = (parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)).to(x.dtype)
         y = y.view(*x.shape[:-1], -1)
         return y if bias is None else y + bias
+
+
+def _runs(shards: list[tuple[BlockFormat, int, int, int]]) -> list[tuple[BlockFormat, int, int, int]]:
+    """``shards`` (format, output features, byte range) with each neighbour of the same format folded into
+    the one before it."""
+    runs = [shards[0]]
+    for fmt, rows, start, stop in shards[1:]:
+        last_fmt, last_rows, last_start, _ = runs[-1]
+        if fmt is last_fmt:
+            runs[-1] = (fmt, last_rows + rows, last_start, stop)
+        else:
+            runs.append((fmt, rows, start, stop))
+    return runs
