@@ -8,13 +8,14 @@ Each kvserve mode runs in a fresh process (so neither warms the other's caches),
 - one stream: one prompt of ``--prompt-len`` token ids, ``--tokens`` greedy tokens (``ignore_eos``);
 - batch: ``--batch`` such prompts at once.
 
-Rates are generated tokens per second over the whole ``generate`` call, prefill included; each is
-the best of ``--repeat``. The prompts are random token ids of the model's vocabulary (seeded), as
+Rates are generated tokens per second over the whole ``generate`` call, prefill included, and (in
+brackets) over its decode steps alone: the call's time less that of a call generating one token; each
+time is the best of ``--repeat``. The prompts are random token ids of the model's vocabulary (seeded), as
 llama.cpp's ``llama-batched-bench`` makes its own. With llama.cpp's tools (``benchmarks/peers/setup.sh`` with
 ``WITH_LLAMACPP=1``; ``--llamacpp`` names their folder), ``llama-batched-bench -npp PROMPT_LEN -ntg
 TOKENS -npl 1,BATCH`` runs too, with ``-t``/``-tb`` the threads kvserve has, and each kvserve figure
-gets its ratio to llama.cpp's: generated tokens over the whole run (``B·TG / T``, prefill included,
-like for like) and, for reference, its decode-only rate (``S_TG``).
+gets its ratios to llama.cpp's: generated tokens over the whole run (``B·TG / T``, prefill included)
+and decode alone (``S_TG``), each like for like.
 
 Prints the CPU's name and the ISA flags that matter (avx512_vnni, avx512_bf16, amx). The machine's
 other load is not controlled: run it on a quiet machine.
@@ -47,14 +48,21 @@ prompts = [[rng.randrange(vocab) for _ in range(prompt_len)] for _ in range(batc
 # Warm-up: at a compiled level, the step shapes both cases run get compiled here, not while timed.
 for warm in (prompts[:1], prompts):
     llm.generate(warm, fixed_length_params(4), use_tqdm=False)
-def rate(batch):
-    best = 0.0
+def seconds(batch, count):
+    best = float("inf")
     for _ in range(repeat):
         start = time.perf_counter()
-        llm.generate(batch, fixed_length_params(tokens), use_tqdm=False)
-        best = max(best, len(batch) * tokens / (time.perf_counter() - start))
+        llm.generate(batch, fixed_length_params(count), use_tqdm=False)
+        best = min(best, time.perf_counter() - start)
     return best
-print(json.dumps({"startup_s": startup, "single_tok_s": rate(prompts[:1]), "batch_tok_s": rate(prompts)}))
+def rates(batch):
+    # The whole call, and its decode steps alone: the call less one that prefills and samples the first token.
+    whole, first = seconds(batch, tokens), seconds(batch, 1)
+    return len(batch) * tokens / whole, len(batch) * (tokens - 1) / (whole - first)
+figures = {"startup_s": startup}
+for name, batch in (("single", prompts[:1]), ("batch", prompts)):
+    figures[f"{name}_tok_s"], figures[f"{name}_decode_tok_s"] = rates(batch)
+print(json.dumps(figures))
 """
 
 
@@ -128,15 +136,17 @@ def main() -> None:
     else:
         print(f"(no llama.cpp in {args.llamacpp}: WITH_LLAMACPP=1 benchmarks/peers/setup.sh builds it)")
 
-    print(f"\n{args.prompt_len}-token prompts, {args.tokens} generated tokens each; tokens/s, best of {args.repeat}")
-    header = f"{'':<22}" + "".join(f"{'kvserve ' + mode:>16}" for mode in args.modes)
-    print(header + ("  llama.cpp (decode only)" if peer else ""))
-    print(f"{'start-up s':<22}" + "".join(f"{results[m]['startup_s']:>16.1f}" for m in args.modes))
-    for key, label, batch in [("single_tok_s", "one stream", 1), ("batch_tok_s", f"{args.batch} prompts", args.batch)]:
-        line = f"{label + ' tok/s':<22}" + "".join(f"{results[m][key]:>16.1f}" for m in args.modes)
+    print(f"\n{args.prompt_len}-token prompts, {args.tokens} generated tokens each; tokens/s whole (decode only)")
+    header = f"{'':<22}" + "".join(f"{'kvserve ' + mode:>22}" for mode in args.modes)
+    print(header + (f"{'llama.cpp':>22}" if peer else ""))
+    print(f"{'start-up s':<22}" + "".join(f"{results[m]['startup_s']:>22.1f}" for m in args.modes))
+    for key, label, batch in [("single", "one stream", 1), ("batch", f"{args.batch} prompts", args.batch)]:
+        ours = {m: (results[m][f"{key}_tok_s"], results[m][f"{key}_decode_tok_s"]) for m in args.modes}
+        line = f"{label + ' tok/s':<22}" + "".join(f"{f'{w:.1f} ({d:.1f})':>22}" for w, d in ours.values())
         if peer:
-            line += f"  {peer[batch]['whole']:>8.1f} ({peer[batch]['decode']:.1f})"
-            line += "".join(f"   {m} {results[m][key] / peer[batch]['whole']:.2f}x" for m in args.modes)
+            whole, decode = peer[batch]["whole"], peer[batch]["decode"]
+            line += f"{f'{whole:.1f} ({decode:.1f})':>22}"
+            line += "".join(f"   {m} {w / whole:.2f}x ({d / decode:.2f}x)" for m, (w, d) in ours.items())
         print(line)
 
 
