@@ -3,8 +3,8 @@
 //
 // - `ggml_linear`, a decode step's single row: activations quantized as llama.cpp quantizes them, per 32-weight block
 //   to int8 with one float scale (its Q8_0/Q8_1), so a block's product is an integer dot of 32 bytes scaled
-//   once. Types: Q8_0 and Q4_1. Every output feature's blocks are read once per row from cache, so the weight
-//   streams from memory once per call. AVX-512 VNNI (`vpdpbusd` on 512-bit vectors, two blocks a step: u8 x s8
+//   once. Types: the 32-weight ones, Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0. Every output feature's blocks are read
+//   once per row from cache, so the weight streams from memory once per call. AVX-512 VNNI (`vpdpbusd` on 512-bit vectors, two blocks a step: u8 x s8
 //   sums four products per int32 lane; four output features a step share the activations, their weights
 //   prefetched well ahead) where the build has it, a portable scalar loop everywhere. Q8_0
 //   weights are signed: as llama.cpp does, the weight's absolute value is the unsigned operand and its sign
@@ -122,21 +122,50 @@ void quantize_row(const T* x, int64_t blocks, ActBlock* out) {
   }
 }
 
-// Portable: one output feature against one activation row.
+// Where the 32-weight types the dots take keep their fields (ggml's block_q4_0 ... block_q8_0): a weight is
+// d * (q - bias) + m, q a signed byte (Q8_0) or a nibble with, for Q5_*, a fifth bit from the 32-bit `qh`.
+struct DotLayout {
+  int64_t min_at;     // byte offset of the float16 m, or -1
+  int64_t high_at;    // byte offset of qh, or -1
+  int64_t quants_at;  // byte offset of the quants
+  int bias;           // 8 (Q4_0), 16 (Q5_0) or 0
+};
+constexpr DotLayout dot_layout(int64_t type) {
+  switch (type) {
+    case kQ4_0: return {-1, -1, 2, 8};
+    case kQ4_1: return {2, -1, 4, 0};
+    case kQ5_0: return {-1, 2, 6, 16};
+    case kQ5_1: return {2, 4, 8, 0};
+    default: return {-1, -1, 2, 0};  // Q8_0
+  }
+}
+constexpr bool takes_dots(int64_t type) {
+  return type == kQ4_0 || type == kQ4_1 || type == kQ5_0 || type == kQ5_1 || type == kQ8_0;
+}
+
+// Portable: one output feature against one activation row. A block's sum is d_w d_a sum(q x) - bias d_w ds
+// (+ m ds): the bias and m terms need only the activation block's sum, never its elements.
 float dot_portable(int64_t type, const uint8_t* w, const ActBlock* a, int64_t blocks) {
+  const DotLayout layout = dot_layout(type);
   float acc = 0.f;
-  for (int64_t b = 0; b < blocks; ++b, ++a) {
+  for (int64_t b = 0; b < blocks; ++b, ++a, w += block_bytes(type)) {
+    uint32_t high = 0;
+    if (layout.high_at >= 0) std::memcpy(&high, w + layout.high_at, 4);
+    const uint8_t* qs = w + layout.quants_at;
     int32_t isum = 0;
     if (type == kQ8_0) {
-      const int8_t* q = reinterpret_cast<const int8_t*>(w + 2);
+      const int8_t* q = reinterpret_cast<const int8_t*>(qs);
       for (int i = 0; i < kBlock; ++i) isum += q[i] * a->q[i];
-      acc += half_at(w) * a->d * static_cast<float>(isum);
     } else {
-      const uint8_t* qs = w + 4;
-      for (int i = 0; i < kBlock / 2; ++i) isum += (qs[i] & 0x0F) * a->q[i] + (qs[i] >> 4) * a->q[i + 16];
-      acc += half_at(w) * a->d * static_cast<float>(isum) + half_at(w + 2) * a->ds;
+      for (int i = 0; i < kBlock / 2; ++i) {
+        const int32_t low = (qs[i] & 0x0F) | (((high >> i) & 1) << 4);
+        const int32_t upper = (qs[i] >> 4) | (((high >> (i + kBlock / 2)) & 1) << 4);
+        isum += low * a->q[i] + upper * a->q[i + kBlock / 2];
+      }
     }
-    w += block_bytes(type);
+    const float d = half_at(w);
+    acc += d * a->d * static_cast<float>(isum) - static_cast<float>(layout.bias) * d * a->ds;
+    if (layout.min_at >= 0) acc += half_at(w + layout.min_at) * a->ds;
   }
   return acc;
 }
@@ -151,29 +180,51 @@ constexpr int kDotFeatures = 4;
 // single thread: 5.9 ms with no prefetch, 5.8 at 1 KiB, 4.8 at 2 KiB, 3.1-3.6 at 8-32 KiB).
 constexpr int64_t kDotPrefetchBytes = 16384;
 
-// Two blocks' weight scales a step, with what multiplies them: [d_w(b), m_w(b), d_w(b+1), m_w(b+1)] (Q8_0 has
-// no m: its lanes 1 and 3 are the quants' bytes and are never used) times [d_a(b), ds_a(b), d_a(b+1), ds_a(b+1)].
-inline __m128 pair_scales(const uint8_t* w, int64_t size, __m128 act) {
-  int32_t first, second;
-  std::memcpy(&first, w, 4);
-  std::memcpy(&second, w + size, 4);
-  return _mm_mul_ps(_mm_cvtph_ps(_mm_set_epi32(0, 0, second, first)), act);
+// Two blocks' weight scales a step, times what multiplies them: lanes [d_w(b), d_w(b) or m_w(b), d_w(b+1),
+// d_w(b+1) or m_w(b+1)] times [d_a(b), ds_a(b), d_a(b+1), ds_a(b+1)]. Lanes 0 and 2 scale the blocks' integer
+// dots; lanes 1 and 3 are the m terms (Q4_1, Q5_1) or, times -bias, the bias terms (Q4_0, Q5_0).
+template <int64_t kType>
+inline __m128 pair_scales(const uint8_t* w, __m128 act) {
+  constexpr int64_t size = block_bytes(kType);
+  constexpr DotLayout layout = dot_layout(kType);
+  uint16_t d0, d1, second0, second1;
+  std::memcpy(&d0, w, 2);
+  std::memcpy(&d1, w + size, 2);
+  if constexpr (layout.min_at >= 0) {
+    std::memcpy(&second0, w + layout.min_at, 2);
+    std::memcpy(&second1, w + size + layout.min_at, 2);
+  } else {
+    second0 = d0, second1 = d1;
+  }
+  const __m128i halves = _mm_setr_epi16(d0, second0, d1, second1, 0, 0, 0, 0);
+  return _mm_mul_ps(_mm_cvtph_ps(halves), act);
+}
+
+// The fifth bits of two Q5 blocks as 0x10 bytes, in the nibbles' order [low(b), low(b + 1), high(b), high(b + 1)].
+inline __m512i high_bits(const uint8_t* w, int64_t size, int64_t at) {
+  uint32_t h0, h1;
+  std::memcpy(&h0, w + at, 4);
+  std::memcpy(&h1, w + size + at, 4);
+  const uint64_t mask = (h0 & 0xFFFFull) | (uint64_t{h1 & 0xFFFFu} << 16) | (uint64_t{h0 >> 16} << 32) |
+                        (uint64_t{h1 >> 16} << 48);
+  return _mm512_and_si512(_mm512_movm_epi8(mask), _mm512_set1_epi8(0x10));
 }
 
 // `kFeatures` consecutive output features (rows of `row_bytes` from `w`) against one quantized activation row,
 // two blocks a step on 512-bit vectors. Q8_0: lanes 0-7 of a step's sums are block b's, 8-15 block b + 1's;
-// weights are signed, so |w| is the unsigned operand and w's sign moves onto x. Q4_1: the nibbles unpack as
-// [low(b), low(b + 1), high(b), high(b + 1)] (16 bytes each), so x is arranged once a step to match, and lanes
-// 0-3 and 8-11 are block b's.
+// weights are signed, so |w| is the unsigned operand and w's sign moves onto x. Nibble types: the quants
+// unpack as [low(b), low(b + 1), high(b), high(b + 1)] (16 bytes each), so x is arranged once a step to match,
+// and lanes 0-3 and 8-11 are block b's.
 template <int64_t kType, int kFeatures>
 void dot_vnni(const uint8_t* w, int64_t row_bytes, const ActBlock* a, int64_t blocks, float* out) {
   constexpr int64_t size = block_bytes(kType);
+  constexpr DotLayout layout = dot_layout(kType);
   const __m512i scale_lanes = kType == kQ8_0 ? _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0)
                                              : _mm512_set_epi32(2, 2, 2, 2, 0, 0, 0, 0, 2, 2, 2, 2, 0, 0, 0, 0);
   const __m512i nibble_shift = _mm512_set_epi64(4, 4, 4, 4, 0, 0, 0, 0);
   const __m512i low_nibble = _mm512_set1_epi8(0x0F);
   __m512 acc[kFeatures];
-  __m128 offset[kFeatures];  // Q4_1's m * ds terms, in lanes 1 and 3
+  __m128 offset[kFeatures];  // the m or bias terms, in lanes 1 and 3
   for (int f = 0; f < kFeatures; ++f) {
     acc[f] = _mm512_setzero_ps();
     offset[f] = _mm_setzero_ps();
@@ -183,24 +234,26 @@ void dot_vnni(const uint8_t* w, int64_t row_bytes, const ActBlock* a, int64_t bl
     __m512i x = _mm512_inserti64x4(
         _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[b].q))),
         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[b + 1].q)), 1);
-    if constexpr (kType == kQ4_1) x = _mm512_shuffle_i64x2(x, x, _MM_SHUFFLE(3, 1, 2, 0));
+    if constexpr (kType != kQ8_0) x = _mm512_shuffle_i64x2(x, x, _MM_SHUFFLE(3, 1, 2, 0));
     const __m128 act = _mm_set_ps(a[b + 1].ds, a[b + 1].d, a[b].ds, a[b].d);
     for (int f = 0; f < kFeatures; ++f) {
       const uint8_t* wb = w + f * row_bytes + b * size;
       _mm_prefetch(reinterpret_cast<const char*>(wb + kDotPrefetchBytes), _MM_HINT_T0);
-      const __m128 scales = pair_scales(wb, size, act);
+      const __m128 scales = pair_scales<kType>(wb, act);
+      const uint8_t* qs = wb + layout.quants_at;
       __m512i isum;
       if constexpr (kType == kQ8_0) {
         const __m512i q = _mm512_inserti64x4(
-            _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 2))),
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + size + 2)), 1);
+            _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs))),
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + size)), 1);
         const __m512i signed_x = _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(q), _mm512_setzero_si512(), x);
         isum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(q), signed_x);
       } else {
-        const __m256i qs = _mm256_inserti128_si256(
-            _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 4))),
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + size + 4)), 1);
-        const __m512i q = _mm512_and_si512(_mm512_srlv_epi64(_mm512_broadcast_i64x4(qs), nibble_shift), low_nibble);
+        const __m256i packed = _mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs))),
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + size)), 1);
+        __m512i q = _mm512_and_si512(_mm512_srlv_epi64(_mm512_broadcast_i64x4(packed), nibble_shift), low_nibble);
+        if constexpr (layout.high_at >= 0) q = _mm512_or_si512(q, high_bits(wb, size, layout.high_at));
         isum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, x);
         offset[f] = _mm_add_ps(offset[f], scales);
       }
@@ -210,8 +263,11 @@ void dot_vnni(const uint8_t* w, int64_t row_bytes, const ActBlock* a, int64_t bl
   }
   for (int f = 0; f < kFeatures; ++f) {
     float total = _mm512_reduce_add_ps(acc[f]);
-    if constexpr (kType == kQ4_1) total += _mm_cvtss_f32(_mm_shuffle_ps(offset[f], offset[f], 1)) +
-                                           _mm_cvtss_f32(_mm_shuffle_ps(offset[f], offset[f], 3));
+    if constexpr (kType != kQ8_0) {
+      const float terms = _mm_cvtss_f32(_mm_shuffle_ps(offset[f], offset[f], 1)) +
+                          _mm_cvtss_f32(_mm_shuffle_ps(offset[f], offset[f], 3));
+      total += layout.bias ? -static_cast<float>(layout.bias) * terms : terms;
+    }
     if (b < blocks) total += dot_portable(kType, w + f * row_bytes + b * size, a + b, 1);
     out[f] = total;
   }
@@ -256,8 +312,13 @@ void dot_rows(const T* x, int64_t M, int64_t K, const uint8_t* w, int64_t type, 
       const ActBlock* a = &act[m * nblocks];
 #if defined(KVSERVE_VNNI)
       if (vnni) {
-        if (type == kQ8_0) dot_vnni_features<kQ8_0>(wt, row_bytes, a, nblocks, features, sums.data());
-        else dot_vnni_features<kQ4_1>(wt, row_bytes, a, nblocks, features, sums.data());
+        switch (type) {
+          case kQ4_0: dot_vnni_features<kQ4_0>(wt, row_bytes, a, nblocks, features, sums.data()); break;
+          case kQ4_1: dot_vnni_features<kQ4_1>(wt, row_bytes, a, nblocks, features, sums.data()); break;
+          case kQ5_0: dot_vnni_features<kQ5_0>(wt, row_bytes, a, nblocks, features, sums.data()); break;
+          case kQ5_1: dot_vnni_features<kQ5_1>(wt, row_bytes, a, nblocks, features, sums.data()); break;
+          default: dot_vnni_features<kQ8_0>(wt, row_bytes, a, nblocks, features, sums.data());
+        }
       } else
 #endif
       for (int64_t n = 0; n < features; ++n) sums[n] = dot_portable(type, wt + n * row_bytes, a, nblocks);
@@ -270,7 +331,7 @@ void dot_rows(const T* x, int64_t M, int64_t K, const uint8_t* w, int64_t type, 
 // returns [M, N] in x's dtype (the sums are float32, rounded once on the way out).
 at::Tensor ggml_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t type, int64_t out_features,
                        bool vnni) {
-  TORCH_CHECK(type == kQ8_0 || type == kQ4_1, "ggml_linear: GGML type ", type, " is not Q8_0 (8) or Q4_1 (3)");
+  TORCH_CHECK(takes_dots(type), "ggml_linear: GGML type ", type, " is not Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0");
   TORCH_CHECK(x.dim() == 2, "ggml_linear: x must be [M, K]");
   TORCH_CHECK(!vnni || has_vnni(), "ggml_linear: this build has no AVX-512 VNNI path");
   const at::Tensor rows = x.contiguous();
