@@ -169,16 +169,18 @@ def test_the_path_is_selectable():
     assert torch.equal(fresh.apply_ggml(x, data, "Q8_0", 16), portable)
 
 
-def test_apply_ggml_picks_integer_dots_for_one_row_and_tiles_for_more():
-    """One row of Q4_1 is the integer dot's product; two rows, or one row of Q4_K, the tiles'."""
+def test_apply_ggml_picks_integer_dots_for_few_rows_and_tiles_for_more():
+    """Up to ``ggml_dot_rows`` rows of Q4_1 are the integer dots' product; one more, or one row of Q4_K,
+    the tiles'."""
     ops = torch.ops.kvserve_cpu_ggml
-    assert ops.ggml_dot_rows() == 1
+    dot_rows = ops.ggml_dot_rows()
+    assert dot_rows >= 1
     blocks, _ = weight_blocks("Q4_1", 32, 256, seed=5)
     data = torch.from_numpy(blocks.reshape(-1))
-    x = torch.randn(2, 256, generator=torch.Generator().manual_seed(6)).bfloat16()
-    one, two = kernel.apply_ggml(x[:1], data, "Q4_1", 32), kernel.apply_ggml(x, data, "Q4_1", 32)
-    assert torch.equal(one, ops.ggml_linear(x[:1], data, 3, 32, VNNI))
-    assert torch.equal(two, ops.ggml_tiled_linear(x, data, 3, 32, BF16))
+    x = torch.randn(dot_rows + 1, 256, generator=torch.Generator().manual_seed(6)).bfloat16()
+    few, more = kernel.apply_ggml(x[:dot_rows], data, "Q4_1", 32), kernel.apply_ggml(x, data, "Q4_1", 32)
+    assert torch.equal(few, ops.ggml_linear(x[:dot_rows], data, 3, 32, VNNI))
+    assert torch.equal(more, ops.ggml_tiled_linear(x, data, 3, 32, BF16))
     k_blocks = torch.from_numpy(random_blocks("Q4_K", 32, 256, seed=1).reshape(-1))
     assert torch.equal(
         kernel.apply_ggml(x[:1], k_blocks, "Q4_K", 32), ops.ggml_tiled_linear(x[:1], k_blocks, 12, 32, BF16)

@@ -21,10 +21,11 @@ scale per tensor or per output feature; on AVX-512 with VBMI only (elsewhere, AV
 included, the quantization method keeps its own path: the weight dequantized per layer).
 
 GGUF weights (GGML blocks, ``csrc/ggml.cpp``): :meth:`NativeLinearKernel.apply_ggml` multiplies
-Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K blocks as the file stores them. A single row
-(a decode step of one sequence) of the 32-weight types (Q4_0 to Q8_0) is quantized per 32-block to
-int8, as llama.cpp does, for integer dot products (AVX-512 VNNI); more rows, and the K-quants, run on tiles of
-output features dequantized to bfloat16 in cache, each tile multiplied by every row (AVX512-BF16).
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K blocks as the file stores them. Up to three
+rows (decode steps of one to three sequences) of the 32-weight types (Q4_0 to Q8_0) are quantized
+per 32-block to int8, as llama.cpp does, for integer dot products (AVX-512 VNNI); more rows, and the
+K-quants, run on tiles of output features dequantized to bfloat16 in cache, each tile multiplied by
+every row (AVX512-BF16).
 Both have a portable loop, taken where the CPU lacks the instructions or where ``ggml_path`` says
 ``"portable"``; built when a GGUF model first asks for it.
 
@@ -138,9 +139,10 @@ class NativeLinearKernel(LinearKernel):
         return "avx512" if vnni or bf16 else "portable"
 
     def apply_ggml(self, x: torch.Tensor, blocks: torch.Tensor, ggml_type: str, out_features: int) -> torch.Tensor:
-        """A row of Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0 on integer dots (``x`` quantized per block to int8; the
-        result in ``x``'s dtype); more rows and the K-quants on tiles dequantized to bfloat16, times ``x``
-        in bfloat16 (float16 and float32 rows are rounded to it; the result in float32)."""
+        """Up to ``ggml_dot_rows`` rows of Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0 on integer dots (``x`` quantized
+        per block to int8; the result in ``x``'s dtype); more rows and the K-quants on tiles dequantized
+        to bfloat16, times ``x`` in bfloat16 (float16 and float32 rows are rounded to it; the result in
+        float32)."""
         dot_rows, vnni, bf16 = self._ggml_build
         simd = self.ggml_path == "avx512"
         type_id = GGML_TYPE_IDS[ggml_type]

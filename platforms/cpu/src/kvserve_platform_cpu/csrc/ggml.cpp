@@ -1,7 +1,7 @@
 // GGUF weights kept in llama.cpp's GGML blocks, multiplied by rows of activations in two ways (the caller
 // picks by the number of rows, up to `ggml_dot_rows` on the first, and by type):
 //
-// - `ggml_linear`, a decode step's single row: activations quantized as llama.cpp quantizes them, per 32-weight block
+// - `ggml_linear`, a decode step's few rows: activations quantized as llama.cpp quantizes them, per 32-weight block
 //   to int8 with one float scale (its Q8_0/Q8_1), so a block's product is an integer dot of 32 bytes scaled
 //   once. Types: the 32-weight ones, Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0. Every output feature's blocks are read
 //   once per row from cache, so the weight streams from memory once per call. AVX-512 VNNI (`vpdpbusd` on 512-bit vectors, two blocks a step: u8 x s8
@@ -72,10 +72,10 @@ constexpr int64_t block_bytes(int64_t type) {
     default: return 0;  // not a type these kernels run
   }
 }
-// Rows up to which `ggml_linear`'s integer dots beat the tiles (single thread, Q4_1, one each of SmolLM2's
-// q, k, gate and down shapes: 1 row 110 us vs 120 us with the weights in cache, 117 us vs 143 us out of it;
-// 2 rows 186 us vs 125 us).
-constexpr int64_t kDotRows = 1;
+// Rows up to which `ggml_linear`'s integer dots beat the tiles (single thread, Q4_1, SmolLM2's 30 layers of
+// fused shapes, weights out of cache: 1 row 3.2-3.4 ms vs 6.7, 2 rows 6.0 vs 7.4, 3 rows 8.2-8.3 vs 9.5-9.7,
+// 4 rows 10.7-10.8 vs 7.9-8.2).
+constexpr int64_t kDotRows = 3;
 // Output features a thread dequantizes at once: kTile x K bfloat16 stays in L2 (96 KiB at K = 1536) while
 // every row passes over it, and a 576-feature layer still splits into 18 tiles across threads.
 constexpr int64_t kTile = 32;
@@ -273,14 +273,19 @@ void dot_vnni(const uint8_t* w, int64_t row_bytes, const ActBlock* a, int64_t bl
   }
 }
 
-// `features` consecutive output features of one activation row, kDotFeatures at a time.
+// `features` consecutive output features against the M quantized activation rows `act` (sums to `out`, [M,
+// features]): each group of kDotFeatures features meets every row while its weights are in L1, so the weight
+// streams from memory once whatever M.
 template <int64_t kType>
-void dot_vnni_features(const uint8_t* w, int64_t row_bytes, const ActBlock* a, int64_t blocks, int64_t features,
-                       float* out) {
+void dot_vnni_features(const uint8_t* w, int64_t row_bytes, const ActBlock* act, int64_t M, int64_t blocks,
+                       int64_t features, float* out) {
   int64_t n = 0;
   for (; n + kDotFeatures <= features; n += kDotFeatures)
-    dot_vnni<kType, kDotFeatures>(w + n * row_bytes, row_bytes, a, blocks, out + n);
-  for (; n < features; ++n) dot_vnni<kType, 1>(w + n * row_bytes, row_bytes, a, blocks, out + n);
+    for (int64_t m = 0; m < M; ++m)
+      dot_vnni<kType, kDotFeatures>(w + n * row_bytes, row_bytes, act + m * blocks, blocks, out + m * features + n);
+  for (; n < features; ++n)
+    for (int64_t m = 0; m < M; ++m)
+      dot_vnni<kType, 1>(w + n * row_bytes, row_bytes, act + m * blocks, blocks, out + m * features + n);
 }
 #endif
 
@@ -307,23 +312,25 @@ void dot_rows(const T* x, int64_t M, int64_t K, const uint8_t* w, int64_t type, 
   at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
     const int64_t features = end - begin;
     const uint8_t* wt = w + begin * row_bytes;
-    std::vector<float> sums(features);
-    for (int64_t m = 0; m < M; ++m) {
-      const ActBlock* a = &act[m * nblocks];
+    std::vector<float> sums(M * features);
+    const ActBlock* a = act.data();
+    float* s = sums.data();
 #if defined(KVSERVE_VNNI)
-      if (vnni) {
-        switch (type) {
-          case kQ4_0: dot_vnni_features<kQ4_0>(wt, row_bytes, a, nblocks, features, sums.data()); break;
-          case kQ4_1: dot_vnni_features<kQ4_1>(wt, row_bytes, a, nblocks, features, sums.data()); break;
-          case kQ5_0: dot_vnni_features<kQ5_0>(wt, row_bytes, a, nblocks, features, sums.data()); break;
-          case kQ5_1: dot_vnni_features<kQ5_1>(wt, row_bytes, a, nblocks, features, sums.data()); break;
-          default: dot_vnni_features<kQ8_0>(wt, row_bytes, a, nblocks, features, sums.data());
-        }
-      } else
+    if (vnni) {
+      switch (type) {
+        case kQ4_0: dot_vnni_features<kQ4_0>(wt, row_bytes, a, M, nblocks, features, s); break;
+        case kQ4_1: dot_vnni_features<kQ4_1>(wt, row_bytes, a, M, nblocks, features, s); break;
+        case kQ5_0: dot_vnni_features<kQ5_0>(wt, row_bytes, a, M, nblocks, features, s); break;
+        case kQ5_1: dot_vnni_features<kQ5_1>(wt, row_bytes, a, M, nblocks, features, s); break;
+        default: dot_vnni_features<kQ8_0>(wt, row_bytes, a, M, nblocks, features, s);
+      }
+    } else
 #endif
-      for (int64_t n = 0; n < features; ++n) sums[n] = dot_portable(type, wt + n * row_bytes, a, nblocks);
-      for (int64_t n = 0; n < features; ++n) y[m * N + begin + n] = static_cast<T>(sums[n]);
-    }
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < features; ++n)
+        s[m * features + n] = dot_portable(type, wt + n * row_bytes, a + m * nblocks, nblocks);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < features; ++n) y[m * N + begin + n] = static_cast<T>(s[m * features + n]);
   });
 }
 

@@ -22,7 +22,7 @@ class GGUFLinearMethod(QuantizationMethod):
     weight's HF module name to its GGML type name; ``split_count`` how many files the model spans.
     A forward dequantizes the layer's shards into the activation dtype and runs one matmul. Where
     the platform's ``LinearKernel`` multiplies every shard's type (``ggml_types``), every forward
-    goes to it instead, with bfloat16/float16 activations only (the CPU's: a single row of the
+    goes to it instead, with bfloat16/float16 activations only (the CPU's: one to three rows of the
     32-weight types (Q4_0 to Q8_0) on integer dots of activations quantized per block as llama.cpp
     does, everything else on tiles dequantized to bfloat16 in cache); float32 asks for the exact product.
     """
