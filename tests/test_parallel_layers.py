@@ -3,7 +3,8 @@ tensors; column outputs are that rank's slice of the one-device output, row outp
 ranks) equal it; q/k/v heads split, or KV heads replicate when there are fewer than ranks; row
 layers cut grouped parameters on group boundaries and load replicated ones whole; shards packed at
 different rates (``ParamLoading.shard_groups``) load their rank's rows or groups, flat; the vocab
-embedding holds a padded vocabulary shard, looks up every id and gathers full logits on rank 0."""
+embedding holds a padded vocabulary shard, looks up every id and gathers full logits on rank 0,
+dense or kept in a quantization method's format (``keeps_embedding``)."""
 
 from __future__ import annotations
 
@@ -73,6 +74,18 @@ class FlatMixed(UnquantizedLinearMethod):
 
     def apply(self, layer, x, bias):
         raise NotImplementedError
+
+
+class KeptEmbedding(UnquantizedLinearMethod):
+    """Keeps the embedding as its own (dense) linear layer, looked up by :meth:`embedding`."""
+
+    name = "kept_embedding"
+
+    def keeps_embedding(self, prefix):
+        return True
+
+    def embedding(self, layer, ids):
+        return F.embedding(ids, layer.weight)
 
 
 def _free_port() -> int:
@@ -192,6 +205,26 @@ def _check_layers(rank: int) -> None:
     no_groups.add_param("flat", torch.zeros(2), ParamLoading(shard_offsets=(0, 2)))
     with pytest.raises(WeightLoadError, match=r"no_groups\.flat: .*ParamLoading\.shard_groups"):
         no_groups.load("flat", torch.zeros(4))
+
+    # An embedding kept in a method's format is vocab-parallel too: rank 1 holds ids 64..69 only.
+    kept = VocabEmbedding(70, HIDDEN, KeptEmbedding(), "embed")
+    assert kept.quantized.output_sizes == [(64, 6)[rank]] and kept.weight.numel() == 0
+    kept.quantized.load("weight", table)
+    torch.testing.assert_close(kept.quantized.weight, table[rank * 64 : rank * 64 + 64], rtol=0, atol=0)
+    torch.testing.assert_close(kept(ids), table[ids], rtol=0, atol=0)
+    logits = kept.logits(x)
+    if rank == 0:
+        torch.testing.assert_close(logits, x @ table.T)
+    else:
+        assert logits.shape == (3, 64)  # the padded shard, as a dense rank's
+    # 20 ids padded to 64, 32 a rank: rank 1's shard is all padding, dense zero rows either way.
+    small = VocabEmbedding(20, HIDDEN, KeptEmbedding(), "small")
+    assert (small.quantized is None) == (rank == 1)
+    if rank == 0:
+        small.quantized.load("weight", table[:20])
+    else:
+        small.load(table[:20])
+    torch.testing.assert_close(small(ids[ids < 20]), table[ids[ids < 20]], rtol=0, atol=0)
 
     with pytest.raises(ConfigError, match="tensor_parallel_size: odd has 7 output features, which 2 ranks"):
         ColumnLinear(HIDDEN, 7, False, method, "odd")

@@ -167,14 +167,19 @@ class QuantizationMethod(ABC):
         Where it does, the embedding holds its ``[vocab, hidden]`` matrix as a one-shard linear layer
         of this method (made by :meth:`create_weights` under ``prefix``, so the checkpoint's tensor
         loads as a linear layer's does): the LM head's logits are :meth:`apply` on it and a lookup is
-        :meth:`embedding`. Asked only without tensor parallelism; the default (False) keeps the
-        embedding dense.
+        :meth:`embedding`. Under tensor parallelism the embedding is vocab-parallel and the layer is
+        column-parallel: ``output_sizes`` is this rank's rows of the vocabulary (``layer.shard_slices
+        == [(vocab_start, rows)]``; padding past the vocabulary is core's, never the method's), and
+        the loader cuts the checkpoint's matrix to them as it does any column layer's. Asked on every
+        rank holding vocabulary rows; the default (False) keeps the embedding dense.
         """
         return False
 
     def embedding(self, layer: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
         """The rows ``[*ids.shape, in_features]`` of ``ids`` (int64, any shape) of the ``[vocab, hidden]``
         matrix ``layer`` holds in this method's format, in ``layer.params_dtype``: an embedding lookup.
+        Under tensor parallelism ``layer`` holds a rank's rows and ``ids`` index them (``0 <= id <
+        layer.output_size``); core masks and sums the other ranks' ids.
 
         Called only on an embedding :meth:`keeps_embedding` kept; a method that keeps one implements it.
         """
