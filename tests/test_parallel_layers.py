@@ -1,8 +1,10 @@
 """Tensor-parallel core layers on two gloo ranks: each rank loads its slice of full checkpoint
 tensors; column outputs are that rank's slice of the one-device output, row outputs (summed over
 ranks) equal it; q/k/v heads split, or KV heads replicate when there are fewer than ranks; row
-layers cut grouped parameters on group boundaries and load replicated ones whole; the vocab
-embedding holds a padded vocabulary shard, looks up every id and gathers full logits on rank 0."""
+layers cut grouped parameters on group boundaries and load replicated ones whole; shards packed at
+different rates (``ParamLoading.shard_groups``) load their rank's rows or groups, flat; the vocab
+embedding holds a padded vocabulary shard, looks up every id and gathers full logits on rank 0,
+dense or kept in a quantization method's format (``keeps_embedding``)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from kvserve.errors import ConfigError, WeightLoadError
 from kvserve.interfaces import ParamLoading
 from kvserve.layers import (
     ColumnLinear,
+    LinearBase,
     MergedColumnLinear,
     QKVLinear,
     RowLinear,
@@ -55,6 +58,34 @@ class GroupScaled(UnquantizedLinearMethod):
 
     def apply(self, layer, x, bias):
         return F.linear(x * layer.group_scale.repeat_interleave(4) * layer.gain, layer.weight, bias)
+
+
+class FlatMixed(UnquantizedLinearMethod):
+    """Two shards in one flat parameter at different rates, as GGUF's blocks are: shard 0 one element
+    per input feature, shard 1 two elements per group of 4 input features (the loading only)."""
+
+    name = "flat_mixed"
+    GROUPS = ((1, 1), (4, 2))
+
+    def create_weights(self, layer, input_size, output_sizes, params_dtype, prefix):
+        sizes = [rows * input_size // f * e for (f, e), rows in zip(self.GROUPS, output_sizes)]
+        offsets = (0, sizes[0], sizes[0] + sizes[1])
+        layer.add_param("flat", torch.zeros(offsets[-1]), ParamLoading(shard_offsets=offsets, shard_groups=self.GROUPS))
+
+    def apply(self, layer, x, bias):
+        raise NotImplementedError
+
+
+class KeptEmbedding(UnquantizedLinearMethod):
+    """Keeps the embedding as its own (dense) linear layer, looked up by :meth:`embedding`."""
+
+    name = "kept_embedding"
+
+    def keeps_embedding(self, prefix):
+        return True
+
+    def embedding(self, layer, ids):
+        return F.embedding(ids, layer.weight)
 
 
 def _free_port() -> int:
@@ -145,6 +176,55 @@ def _check_layers(rank: int) -> None:
         assert logits.shape == (3, 64)  # its own shard; only rank 0 returns logits
     with pytest.raises(WeightLoadError, match=r"lm_head\.weight: expected shape \(70, 16\), got \(64, 16\)"):
         embedding.load(table[:64], "lm_head.weight")
+
+    # Shards at different rates: a column rank takes its rows of each, a row rank its groups of each row.
+    a, b = torch.randn(4, 8), torch.randn(6, 4)  # 4 rows of 8 features; 6 rows of 2 groups of 4 in 2 elements
+    mixed = MergedColumnLinear(8, [4, 6], False, FlatMixed(), "mixed", ["a", "b"])
+    mixed.load("flat", a.reshape(-1), 0), mixed.load("flat", b, 1)  # flat or not: read as [rows, row elements]
+    expected = torch.cat([a[rank * 2 : rank * 2 + 2].reshape(-1), b[rank * 3 : rank * 3 + 3].reshape(-1)])
+    torch.testing.assert_close(mixed.flat, expected, rtol=0, atol=0)
+    with pytest.raises(WeightLoadError, match=r"a\.flat: expected 4 rows of 8 input features in groups of 1"):
+        mixed.load("flat", torch.zeros(28), 0)
+
+    def fused_row(input_size: int, prefix: str) -> LinearBase:  # no model fuses row layers; the loader can
+        per_rank = input_size // RANKS
+        return LinearBase(
+            per_rank, [3, 3], False, FlatMixed(), prefix, ["a", "b"],
+            input_slice=(rank * per_rank, per_rank), full_input_size=input_size,
+        )  # fmt: skip
+
+    a, b = torch.randn(3, 8), torch.randn(3, 4)
+    mixed_row = fused_row(8, "mixed_row")
+    mixed_row.load("flat", a, 0), mixed_row.load("flat", b, 1)
+    expected = torch.cat([a[:, rank * 4 : rank * 4 + 4].reshape(-1), b[:, rank * 2 : rank * 2 + 2].reshape(-1)])
+    torch.testing.assert_close(mixed_row.flat, expected, rtol=0, atol=0)
+    # 12 input features: a rank's 6 split the second shard's groups of 4.
+    with pytest.raises(WeightLoadError, match=r"b\.flat: this rank's 6 input features at offset \d+ do not fall on"):
+        fused_row(12, "split").load("flat", torch.zeros(3 * 6), 1)
+    no_groups = ColumnLinear(HIDDEN, 4, False, method, "no_groups")
+    no_groups.add_param("flat", torch.zeros(2), ParamLoading(shard_offsets=(0, 2)))
+    with pytest.raises(WeightLoadError, match=r"no_groups\.flat: .*ParamLoading\.shard_groups"):
+        no_groups.load("flat", torch.zeros(4))
+
+    # An embedding kept in a method's format is vocab-parallel too: rank 1 holds ids 64..69 only.
+    kept = VocabEmbedding(70, HIDDEN, KeptEmbedding(), "embed")
+    assert kept.quantized.output_sizes == [(64, 6)[rank]] and kept.weight.numel() == 0
+    kept.quantized.load("weight", table)
+    torch.testing.assert_close(kept.quantized.weight, table[rank * 64 : rank * 64 + 64], rtol=0, atol=0)
+    torch.testing.assert_close(kept(ids), table[ids], rtol=0, atol=0)
+    logits = kept.logits(x)
+    if rank == 0:
+        torch.testing.assert_close(logits, x @ table.T)
+    else:
+        assert logits.shape == (3, 64)  # the padded shard, as a dense rank's
+    # 20 ids padded to 64, 32 a rank: rank 1's shard is all padding, dense zero rows either way.
+    small = VocabEmbedding(20, HIDDEN, KeptEmbedding(), "small")
+    assert (small.quantized is None) == (rank == 1)
+    if rank == 0:
+        small.quantized.load("weight", table[:20])
+    else:
+        small.load(table[:20])
+    torch.testing.assert_close(small(ids[ids < 20]), table[ids[ids < 20]], rtol=0, atol=0)
 
     with pytest.raises(ConfigError, match="tensor_parallel_size: odd has 7 output features, which 2 ranks"):
         ColumnLinear(HIDDEN, 7, False, method, "odd")

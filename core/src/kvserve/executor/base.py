@@ -18,6 +18,8 @@ class Executor(ABC):
     info: RunnerInfo
     """What the driver sizes its KV manager from: under tensor parallelism, rank 0's runner with
     the smallest cache of any rank."""
+    rank_infos: list[RunnerInfo]
+    """Each rank's own runner info, by rank (one entry in process)."""
 
     @abstractmethod
     def execute(self, step: StepInput) -> StepLogits:

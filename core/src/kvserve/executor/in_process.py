@@ -14,6 +14,7 @@ class InProcessExecutor(Executor):
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
         self.info = runner.info
+        self.rank_infos = [runner.info]
 
     def execute(self, step: StepInput) -> StepLogits:
         return self.runner.execute(step)

@@ -56,6 +56,7 @@ class MultiprocExecutor(Executor):
         except BaseException:
             self.shutdown()
             raise
+        self.rank_infos = infos
         self.info = dataclasses.replace(infos[0], num_kv_blocks=min(i.num_kv_blocks for i in infos))
         logger.info("kvserve: %d tensor-parallel workers ready (pids %s)", self.world_size, [p.pid for p in self.procs])
 

@@ -96,6 +96,7 @@ class RayExecutor(Executor):
         except BaseException:
             self.shutdown()
             raise
+        self.rank_infos = infos
         self.info = dataclasses.replace(infos[0], num_kv_blocks=min(i.num_kv_blocks for i in infos))
         logger.info("kvserve: %d tensor-parallel Ray actors ready (pids %s)", self.world_size, self.pids)
 

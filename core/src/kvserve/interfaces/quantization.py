@@ -47,7 +47,31 @@ class ParamLoading:
     """Where each shard starts along ``output_dim`` in elements, and where the last one ends, when
     shards pack at different rates (a GGUF keeps each fused shard's own block type, so a fused
     layer's bytes per output feature differ by shard): overrides the offsets ``output_sizes`` and
-    :attr:`packed_factor` give. Such a parameter cannot be split across tensor-parallel ranks."""
+    :attr:`packed_factor` give. The offsets are the rank's (``create_weights`` gets the rank's
+    sizes); such a parameter splits across tensor-parallel ranks only with :attr:`shard_groups`."""
+    shard_groups: tuple[tuple[int, int], ...] | None = None
+    """With :attr:`shard_offsets`, each shard's layout as ``(features, elements)``, which lets the
+    loader split the parameter across tensor-parallel ranks: shard ``i``'s elements are its output
+    features' rows one after another, each row its input features in groups of ``features`` held in
+    ``elements`` consecutive elements (a GGUF Q8_0 shard: ``(32, 34)``, 32 weights in a 34-byte
+    block; Q4_K: ``(256, 144)``; F16: ``(1, 2)``).
+
+    The loader reads a checkpoint tensor of shard ``i`` (of any shape: a flat one too) as ``[rows,
+    row_elements]``, the layer's ``full_output_sizes[i]`` rows of ``full_input_size / features *
+    elements``, and copies into the shard's range, flat, the rows of a column-parallel rank's output
+    features (``layer.shard_slices[i]``), or, in every row, the groups of a row-parallel rank's input
+    features (``layer.input_slice``), which must start and end on the shard's group boundaries (a
+    ``WeightLoadError`` otherwise; a method refuses such a split earlier, in ``create_weights``, with
+    a ``ConfigError`` naming the layer and its format). So the shard's offsets span ``rank rows *
+    rank input features / features * elements``. ``None``: a :attr:`shard_offsets` parameter loads
+    only without tensor parallelism (an error naming the method otherwise)."""
+
+    def __post_init__(self) -> None:
+        if self.shard_groups is not None:
+            if self.shard_offsets is None or len(self.shard_groups) != len(self.shard_offsets) - 1:
+                raise ValueError("ParamLoading.shard_groups needs shard_offsets, one (features, elements) per shard")
+            if any(features < 1 or elements < 1 for features, elements in self.shard_groups):
+                raise ValueError(f"ParamLoading.shard_groups: {self.shard_groups} holds a size below 1")
 
 
 class QuantizationMethod(ABC):
@@ -143,14 +167,19 @@ class QuantizationMethod(ABC):
         Where it does, the embedding holds its ``[vocab, hidden]`` matrix as a one-shard linear layer
         of this method (made by :meth:`create_weights` under ``prefix``, so the checkpoint's tensor
         loads as a linear layer's does): the LM head's logits are :meth:`apply` on it and a lookup is
-        :meth:`embedding`. Asked only without tensor parallelism; the default (False) keeps the
-        embedding dense.
+        :meth:`embedding`. Under tensor parallelism the embedding is vocab-parallel and the layer is
+        column-parallel: ``output_sizes`` is this rank's rows of the vocabulary (``layer.shard_slices
+        == [(vocab_start, rows)]``; padding past the vocabulary is core's, never the method's), and
+        the loader cuts the checkpoint's matrix to them as it does any column layer's. Asked on every
+        rank holding vocabulary rows; the default (False) keeps the embedding dense.
         """
         return False
 
     def embedding(self, layer: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
         """The rows ``[*ids.shape, in_features]`` of ``ids`` (int64, any shape) of the ``[vocab, hidden]``
         matrix ``layer`` holds in this method's format, in ``layer.params_dtype``: an embedding lookup.
+        Under tensor parallelism ``layer`` holds a rank's rows and ``ids`` index them (``0 <= id <
+        layer.output_size``); core masks and sums the other ranks' ids.
 
         Called only on an embedding :meth:`keeps_embedding` kept; a method that keeps one implements it.
         """

@@ -9,8 +9,9 @@ lookup embeds the ids of the rank's shard, zeros for the others, and sums over r
 each row comes from one rank); the LM head computes the rank's logits and gathers them on
 rank 0, where the padding columns are cut off. One rank holds the whole, unpadded matrix.
 
-A quantization method may keep the matrix in its own format (``QuantizationMethod.keeps_embedding``,
-one rank only): a GGUF file's Q8_0 ``token_embd`` stays in its blocks, as vLLM's GGUF embedding does.
+A quantization method may keep the matrix in its own format (``QuantizationMethod.keeps_embedding``):
+a GGUF file's Q8_0 ``token_embd`` stays in its blocks, as vLLM's GGUF embedding does. Under tensor
+parallelism it is vocab-parallel alike: each rank keeps its shard's real rows in that format.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch.nn.functional as F
 
 from kvserve import distributed
 from kvserve.errors import WeightLoadError
-from kvserve.layers.linear import ColumnLinear, LinearBase
+from kvserve.layers.linear import LinearBase
 
 if TYPE_CHECKING:
     from kvserve.interfaces.linear_kernel import LinearKernel
@@ -40,9 +41,11 @@ class VocabEmbedding(torch.nn.Module):
     real_rows == vocab_size`` on one rank). It loads from the full checkpoint matrix with
     :meth:`load`.
 
-    Where ``quant_method`` keeps the embedding ``prefix`` in its format (one rank only),
-    ``quantized`` holds the matrix instead, as a ``[hidden -> vocab]`` :class:`ColumnLinear` of that
-    method named ``prefix`` (the checkpoint's tensor loads into it), and ``weight`` is empty.
+    Where ``quant_method`` keeps the embedding ``prefix`` in its format, ``quantized`` holds this
+    rank's shard instead, as a ``[hidden -> real_rows]`` column layer of that method named ``prefix``
+    (its ``shard_slices`` is ``[(vocab_start, real_rows)]``, so the checkpoint's tensor loads into it
+    cut to the shard's rows; the whole matrix on one rank), and ``weight`` is empty. A rank whose
+    shard is all padding (``real_rows == 0``) keeps its dense zero rows.
     """
 
     def __init__(
@@ -58,9 +61,12 @@ class VocabEmbedding(torch.nn.Module):
             self.shard_rows = -(-padded // ranks)
         self.vocab_start = rank * self.shard_rows
         self.real_rows = max(0, min(vocab_size - self.vocab_start, self.shard_rows))
-        self.quantized: ColumnLinear | None = None
-        if quant_method is not None and ranks == 1 and quant_method.keeps_embedding(prefix):
-            self.quantized = ColumnLinear(hidden_size, vocab_size, False, quant_method, prefix)
+        self.quantized: LinearBase | None = None
+        if quant_method is not None and self.real_rows > 0 and quant_method.keeps_embedding(prefix):
+            self.quantized = LinearBase(
+                hidden_size, [self.real_rows], False, quant_method, prefix,
+                shard_slices=[(self.vocab_start, self.real_rows)], full_output_sizes=[vocab_size],
+            )  # fmt: skip
         # Left uninitialised: weight loading fills it, and random init of a large vocab is slow.
         weight = torch.empty(0 if self.quantized else self.shard_rows, hidden_size)
         weight[self.real_rows :] = 0  # padding rows: their logits are cut off, their ids never looked up
@@ -75,27 +81,33 @@ class VocabEmbedding(torch.nn.Module):
             raise WeightLoadError(
                 f"{name}: expected shape {(self.vocab_size, self.hidden_size)}, got {tuple(tensor.shape)}"
             )
-        self.weight.data[: self.real_rows].copy_(tensor.narrow(0, self.vocab_start, self.real_rows))
+        self.weight.data[: self.real_rows].copy_(tensor[self.vocab_start : self.vocab_start + self.real_rows])
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Embedding rows ``[*input_ids.shape, hidden]`` of ``input_ids`` (full-vocabulary ids), on
         every rank."""
-        if self.quantized is not None:
-            return self.quantized.quant_method.embedding(self.quantized, input_ids)
         if distributed.world_size() == 1:
-            return F.embedding(input_ids, self.weight)
+            return self._rows(input_ids)
         local = input_ids - self.vocab_start
         outside = (local < 0) | (local >= self.real_rows)
-        rows = F.embedding(local.masked_fill(outside, 0), self.weight)
+        rows = self._rows(local.masked_fill(outside, 0))
         return distributed.all_reduce(rows.masked_fill_(outside.unsqueeze(-1), 0))
+
+    def _rows(self, local_ids: torch.Tensor) -> torch.Tensor:
+        """The rows of ids within this rank's shard."""
+        if self.quantized is not None:
+            return self.quantized.quant_method.embedding(self.quantized, local_ids)
+        return F.embedding(local_ids, self.weight)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """LM-head logits ``hidden [n, hidden] @ W^T`` in ``hidden``'s dtype: ``[n, vocab_size]`` on
         rank 0; every other rank gets its own shard's ``[n, shard_rows]`` (padding included), which
         its caller discards (only rank 0 returns logits)."""
         if self.quantized is not None:
-            return self.quantized(hidden)
-        if self.head_kernel is None:
+            local = self.quantized(hidden)
+            if self.real_rows < self.shard_rows:  # every rank gathers shard_rows columns
+                local = F.pad(local, (0, self.shard_rows - self.real_rows))
+        elif self.head_kernel is None:
             local = F.linear(hidden, self.weight)
         else:
             local = self.head_kernel.apply(hidden, self.packed_head, None)

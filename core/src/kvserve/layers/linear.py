@@ -7,7 +7,8 @@ so packed formats (AWQ's ``[in, out/8]`` int32) load into fused layers too.
 Under tensor parallelism (``kvserve.distributed.world_size() > 1`` when the layer is built) a
 column layer holds its rank's slice of every shard's output features and a row layer its slice
 of the input features, summing the partial products over ranks; each rank loads only its slice
-of the checkpoint tensors, cut along ``ParamLoading.output_dim`` / ``input_dim``.
+of the checkpoint tensors, cut along ``ParamLoading.output_dim`` / ``input_dim`` (or, for shards
+packed at different rates, by rows and groups of each shard: ``ParamLoading.shard_groups``).
 """
 
 from __future__ import annotations
@@ -138,10 +139,13 @@ class LinearBase(torch.nn.Module):
         if distributed.world_size() == 1:
             return tensor
         if loading.shard_offsets is not None:
-            raise WeightLoadError(
-                f"{tensor_name}: quantization method {self.quant_method.name!r} packs shards at different "
-                "rates, which this loader cannot split across tensor-parallel ranks"
-            )
+            if loading.shard_groups is None:
+                raise WeightLoadError(
+                    f"{tensor_name}: quantization method {self.quant_method.name!r} packs shards at different "
+                    "rates without saying how each shard's rows run (ParamLoading.shard_groups), so it cannot "
+                    "be split across tensor-parallel ranks"
+                )
+            return self._rank_rows(tensor_name, tensor, loading.shard_groups[shard], shard)
         if self.shard_slices is not None and loading.output_dim is not None:
             start, size = self.shard_slices[shard]
             if start % loading.packed_factor or size % loading.packed_factor:
@@ -168,6 +172,33 @@ class LinearBase(torch.nn.Module):
                 )
             tensor = tensor.narrow(loading.input_dim, start // group, size // group)
         return tensor
+
+    def _rank_rows(self, tensor_name: str, tensor: torch.Tensor, groups: tuple[int, int], shard: int) -> torch.Tensor:
+        """This rank's part, flat, of shard ``shard``'s checkpoint tensor laid out as
+        ``ParamLoading.shard_groups`` says: rows of output features, each row's input features in
+        groups of ``features`` held in ``elements`` elements."""
+        features, elements = groups
+        rows, in_features = self.full_output_sizes[shard], self.full_input_size
+        row_elements = in_features // features * elements
+        if in_features % features or tensor.numel() != rows * row_elements:
+            raise WeightLoadError(
+                f"{tensor_name}: expected {rows} rows of {in_features} input features in groups of {features} "
+                f"held in {elements} elements ({rows * row_elements} elements), got shape {tuple(tensor.shape)}"
+            )
+        matrix = tensor.reshape(rows, row_elements)
+        if self.shard_slices is not None:
+            start, size = self.shard_slices[shard]
+            matrix = matrix.narrow(0, start, size)
+        if self.input_slice is not None:
+            start, size = self.input_slice
+            if start % features or size % features:
+                raise WeightLoadError(
+                    f"{tensor_name}: this rank's {size} input features at offset {start} do not fall on the "
+                    f"{features}-feature groups of {self.quant_method.name!r}; choose a tensor_parallel_size "
+                    "that keeps them whole"
+                )
+            matrix = matrix.narrow(1, start // features * elements, size // features * elements)
+        return matrix.reshape(-1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.quant_method.apply(self, x, self.bias)

@@ -56,6 +56,7 @@ def build_runner(config: EngineConfig, platform: Platform, source: Any, settings
     The backend exists before the cache is sized: it states what a block costs. Raises a
     ConfigError naming the field when the model, backend or cache cannot be had."""
     model, linear_kernel = _build_model(config, platform, source, settings)
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     layer_ops = _use_layer_ops(config, platform, model)
     lora = _lora_slots(config, platform, model)  # before the cache is sized: the slots take memory
     backend_cls, spec = resolve_attention(
@@ -63,7 +64,9 @@ def build_runner(config: EngineConfig, platform: Platform, source: Any, settings
     )
     backend = backend_cls(spec)
     num_blocks = _num_kv_blocks(config, platform, model, backend, settings.max_model_len)
-    info = RunnerInfo(num_blocks, spec.block_size, backend_cls.name, linear_kernel, layer_ops)
+    info = RunnerInfo(
+        num_blocks, spec.block_size, backend_cls.name, linear_kernel, layer_ops, weight_bytes=weight_bytes
+    )
     if lora is not None:
         info = dataclasses.replace(info, lora_kernel=lora.step.kernel.name, lora_targets=lora.targets)
     scheduler = config.scheduler

@@ -34,6 +34,10 @@ class RunnerInfo:
     """The LoRA kernel's name with LoRA on, for the start-up line; None: no LoRA slots."""
     lora_targets: dict[str, tuple[int, int]] | None = None
     """With LoRA on, what adapters may target (:attr:`~kvserve.lora.layers.LoRASlots.targets`)."""
+    weight_bytes: int = 0
+    """Resident bytes of the runner's model parameters as loaded (its shard's: a quantized layer's
+    packed blocks, the rank's slice under tensor parallelism); buffers, LoRA slots and the KV cache
+    aside."""
 
 
 class ModelRunner:

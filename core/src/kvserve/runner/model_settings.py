@@ -54,11 +54,9 @@ def _quant_method(config: EngineConfig, hf_config: Any) -> QuantizationMethod:
         if not checkpoint:
             return UnquantizedLinearMethod()
         choice = checkpoint["quant_method"] if isinstance(checkpoint, dict) else checkpoint.quant_method
-        # A checkpoint that also loads dequantized (a GGUF) does so where its method is not installed,
-        # and under tensor parallelism (its packed shards of mixed block types do not split across ranks).
+        # A checkpoint that also loads dequantized (a GGUF) does so where its method is not installed.
         if isinstance(checkpoint, dict) and checkpoint.get("dequantizable", False):
-            installed = choice in get_plugin_manager().registry("quantization_method").names()
-            if not installed or config.parallel.tensor_parallel_size > 1:
+            if choice not in get_plugin_manager().registry("quantization_method").names():
                 return UnquantizedLinearMethod()
     if choice == "none":
         return UnquantizedLinearMethod()

@@ -21,7 +21,7 @@ def hf_config():
         ({}, GGUFLinearMethod),
         ({"quantization": "gguf"}, GGUFLinearMethod),
         ({"quantization": "none"}, UnquantizedLinearMethod),
-        ({"tensor_parallel_size": 2}, UnquantizedLinearMethod),  # packed layers do not split across ranks
+        ({"tensor_parallel_size": 2}, GGUFLinearMethod),  # each rank keeps its whole blocks
     ],
     ids=["auto", "gguf", "none", "auto-tp2"],
 )

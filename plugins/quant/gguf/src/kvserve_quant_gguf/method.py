@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kvserve import distributed
 from kvserve.errors import ConfigError
 from kvserve.interfaces import ParamLoading, QuantizationMethod
 from kvserve_quant_gguf.ggml import FORMATS, BlockFormat
@@ -59,20 +60,35 @@ class GGUFLinearMethod(QuantizationMethod):
         return fmt
 
     def create_weights(self, layer, input_size, output_sizes, params_dtype, prefix) -> None:
-        """One flat uint8 ``qweight`` of the shards' blocks; each shard's format on ``layer.ggml_formats``."""
+        """One flat uint8 ``qweight`` of the shards' blocks; each shard's format and bytes on ``layer.ggml_shards``.
+
+        Under tensor parallelism the sizes are the rank's and the loader keeps the rank's whole blocks
+        (``ParamLoading.shard_groups``): a column-parallel rank its rows, a row-parallel rank the blocks
+        of its input features in every row, which must not split a block (a ConfigError here)."""
         formats = [self._format(shard) for shard in layer.shard_prefixes]
+        full_input = getattr(layer, "full_input_size", input_size)
+        input_slice = getattr(layer, "input_slice", None)
         offsets = [0]
         for fmt, rows, shard in zip(formats, output_sizes, layer.shard_prefixes, strict=True):
-            if input_size % fmt.block_size:
+            if full_input % fmt.block_size:
                 raise ConfigError(
-                    f"quantization: gguf: {shard} has {input_size} input features, not a multiple of "
+                    f"quantization: gguf: {shard} has {full_input} input features, not a multiple of "
                     f"{fmt.name}'s {fmt.block_size}-weight blocks"
+                )
+            if input_slice is not None and (input_slice[0] % fmt.block_size or input_slice[1] % fmt.block_size):
+                raise ConfigError(
+                    f"tensor_parallel_size: {distributed.world_size()} ranks would split the {full_input} input "
+                    f"features of {shard}, a {fmt.name} weight of {fmt.block_size}-weight blocks, into "
+                    f"{input_slice[1]} per rank, which cuts its blocks (a row-parallel rank holds whole ones): "
+                    f"choose a tensor_parallel_size that divides its {full_input // fmt.block_size} blocks per row, "
+                    "or quantization='none' to dequantize the file"
                 )
             offsets.append(offsets[-1] + rows * fmt.row_bytes(input_size))
         blocks = torch.empty(offsets[-1], dtype=torch.uint8)
-        layer.add_param(PARAM, blocks, ParamLoading(shard_offsets=tuple(offsets)))
+        groups = tuple((fmt.block_size, fmt.type_size) for fmt in formats)
+        layer.add_param(PARAM, blocks, ParamLoading(shard_offsets=tuple(offsets), shard_groups=groups))
         layer.ggml_shards = list(zip(formats, output_sizes, offsets[:-1], offsets[1:], strict=True))
-        """Per shard: its format, output features and byte range in ``qweight``."""
+        """Per shard: its format, output features (the rank's) and byte range in ``qweight``."""
         layer.ggml_runs = _runs(layer.ggml_shards)
         """The shards merged where neighbours share a format (their blocks are contiguous): one kernel
         call each, so SmolLM2's all-Q4_1 q/k/v is one product, Gemma's Q5_0 q/k + Q8_0 v two."""
@@ -81,13 +97,15 @@ class GGUFLinearMethod(QuantizationMethod):
 
     def keeps_embedding(self, prefix: str) -> bool:
         """Keep the file's embedding (``token_embd``; an untied ``output``) in its blocks, as vLLM's
-        GGUF embedding does, where it is of a block type this method runs (an F32 one stays dense)."""
+        GGUF embedding does, where it is of a block type this method runs (an F32 one stays dense);
+        under tensor parallelism each rank keeps its vocabulary shard's rows of blocks."""
         type_name = self.tensor_types.get(prefix)
         return type_name in FORMATS and type_name != "F32"
 
     def embedding(self, layer: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
-        """The rows of ``ids``: their blocks gathered and dequantized, as the file's reference
-        dequantization gives them (no other row is touched)."""
+        """The rows of ``ids`` (the layer's own rows: a rank's shard under tensor parallelism): their
+        blocks gathered and dequantized, as the file's reference dequantization gives them (no other
+        row is touched)."""
         fmt, _, start, stop = layer.ggml_shards[0]
         rows = layer.qweight[start:stop].view(-1, fmt.row_bytes(layer.input_size))[ids.reshape(-1)]
         weights = fmt.dequantize(rows.reshape(-1), layer.input_size, layer.params_dtype)
