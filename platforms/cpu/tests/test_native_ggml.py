@@ -5,9 +5,11 @@
   within the activation quantization's error of the dequantized product;
 - ``ggml_tiled_linear``, any rows: every type's blocks dequantized to bfloat16 equal gguf-py's own
   dequantization rounded to bfloat16 block for block, and the products equal a float64 product of
-  those weights and the bfloat16 rows up to float32 summation.
+  those weights and the bfloat16 rows up to float32 summation; for float32 rows, the blocks dequantized
+  to float32 equal gguf-py's exactly, and the products equal the float64 product of those weights and
+  the rows up to float32 summation.
 
-``apply_ggml`` picks between them by rows and type, and the path is selectable."""
+``apply_ggml`` picks between them by dtype, rows and type, and the path is selectable."""
 
 import gguf
 import numpy as np
@@ -25,9 +27,11 @@ pytestmark = pytest.mark.skipif(
 BUILT = isinstance(kernel, NativeLinearKernel) and bool(kernel.ggml_types)
 VNNI = BUILT and torch.ops.kvserve_cpu_ggml.has_vnni()
 BF16 = BUILT and torch.ops.kvserve_cpu_ggml.has_bf16()
+AVX512 = BUILT and torch.ops.kvserve_cpu_ggml.has_avx512()
 DOT_PATHS = [pytest.param("vnni", marks=pytest.mark.skipif(not VNNI, reason="no AVX-512 VNNI")), "portable"]
 TILE_PATHS = [pytest.param("bf16", marks=pytest.mark.skipif(not BF16, reason="no AVX512-BF16")), "portable"]
 DOT_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"]
+F32_TILE_PATHS = [pytest.param("avx512", marks=pytest.mark.skipif(not AVX512, reason="no AVX-512")), "portable"]
 TILE_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
 
 
@@ -113,7 +117,7 @@ def test_every_quant_bit_pattern_matches_the_integer_reference(path, type_name):
 def tiled(x: torch.Tensor, blocks: np.ndarray, type_name: str, n: int, path: str) -> np.ndarray:
     op = torch.ops.kvserve_cpu_ggml.ggml_tiled_linear
     data = torch.from_numpy(blocks.reshape(-1))
-    return op(x, data, native_linear.GGML_TYPE_IDS[type_name], n, path == "bf16").double().numpy()
+    return op(x, data, native_linear.GGML_TYPE_IDS[type_name], n, path != "portable").double().numpy()
 
 
 def bf16_weights(type_name: str, blocks: np.ndarray) -> np.ndarray:
@@ -146,6 +150,31 @@ def test_tiled_products_match_the_bfloat16_reference(path, type_name, m, n, k):
     assert (error <= 1e-5 * (np.abs(x) @ np.abs(weights).T)).all(), error.max()
 
 
+@pytest.mark.parametrize("path", F32_TILE_PATHS)
+@pytest.mark.parametrize("type_name", TILE_TYPES)
+def test_float32_tiles_hold_ggufs_weights(path, type_name):
+    """float32 rows of the identity read each tile back: every weight equals gguf-py's float32 value,
+    not rounded (what ``quantization="none"`` holds in float32)."""
+    n, k = 48, 512
+    blocks = random_blocks(type_name, n, k, seed=len(type_name))
+    expected = gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType[type_name])
+    got = tiled(torch.eye(k, dtype=torch.float32), blocks, type_name, n, path)
+    np.testing.assert_array_equal(got.T, np.asarray(expected, dtype=np.float32))
+
+
+@pytest.mark.parametrize("path", F32_TILE_PATHS)
+@pytest.mark.parametrize("type_name", TILE_TYPES)
+@pytest.mark.parametrize(("m", "n", "k"), [(1, 7, 256), (6, 33, 512), (33, 70, 1536)])
+def test_float32_tiled_products_match_the_dequantized_reference(path, type_name, m, n, k):
+    """float32 rows times the float32 weights: only the order of the float32 sums differs from the
+    float64 product, bounded by the sum of the products' magnitudes."""
+    blocks = random_blocks(type_name, n, k, seed=m + n)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
+    weights = np.asarray(gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType[type_name]), dtype=np.float64)
+    error = np.abs(tiled(x, blocks, type_name, n, path) - x.double().numpy() @ weights.T)
+    assert (error <= 1e-5 * (np.abs(x.double().numpy()) @ np.abs(weights).T)).all(), error.max()
+
+
 @pytest.mark.parametrize("path", TILE_PATHS)
 def test_tiles_take_no_rows(path):
     blocks = random_blocks("Q4_1", 8, 64, seed=2)
@@ -156,22 +185,22 @@ def test_the_path_is_selectable():
     """AVX-512 by default where the build has it; ``ggml_path = "portable"`` runs the portable loops."""
     fresh = NativeLinearKernel(kernel.dtypes, None)
     assert fresh.ggml_types == frozenset(native_linear.GGML_TYPE_IDS)
-    assert fresh.ggml_path == ("avx512" if VNNI or BF16 else "portable")
+    assert fresh.ggml_path == ("avx512" if VNNI or BF16 or AVX512 else "portable")
     blocks, _ = weight_blocks("Q8_0", 16, 64, seed=7)
     data = torch.from_numpy(blocks.reshape(-1))
     fresh.ggml_path = "portable"
-    x = torch.randn(1, 64, generator=torch.Generator().manual_seed(8))
-    assert torch.equal(
-        fresh.apply_ggml(x, data, "Q8_0", 16), torch.ops.kvserve_cpu_ggml.ggml_linear(x, data, 8, 16, False)
-    )
+    ops = torch.ops.kvserve_cpu_ggml
+    x = torch.randn(1, 64, generator=torch.Generator().manual_seed(8)).bfloat16()
+    assert torch.equal(fresh.apply_ggml(x, data, "Q8_0", 16), ops.ggml_linear(x, data, 8, 16, False))
     x = torch.randn(5, 64, generator=torch.Generator().manual_seed(9)).bfloat16()
-    portable = torch.ops.kvserve_cpu_ggml.ggml_tiled_linear(x, data, 8, 16, False)
-    assert torch.equal(fresh.apply_ggml(x, data, "Q8_0", 16), portable)
+    assert torch.equal(fresh.apply_ggml(x, data, "Q8_0", 16), ops.ggml_tiled_linear(x, data, 8, 16, False))
+    x = x.float()
+    assert torch.equal(fresh.apply_ggml(x, data, "Q8_0", 16), ops.ggml_tiled_linear(x, data, 8, 16, False))
 
 
 def test_apply_ggml_picks_integer_dots_for_few_rows_and_tiles_for_more():
-    """Up to ``ggml_dot_rows`` rows of Q4_1 are the integer dots' product; one more, or one row of Q4_K,
-    the tiles'."""
+    """Up to ``ggml_dot_rows`` bfloat16 rows of Q4_1 are the integer dots' product; one more, one row of
+    Q4_K, or float32 rows of any count, the tiles' (float32 rows are never quantized)."""
     ops = torch.ops.kvserve_cpu_ggml
     dot_rows = ops.ggml_dot_rows()
     assert dot_rows >= 1
@@ -185,6 +214,8 @@ def test_apply_ggml_picks_integer_dots_for_few_rows_and_tiles_for_more():
     assert torch.equal(
         kernel.apply_ggml(x[:1], k_blocks, "Q4_K", 32), ops.ggml_tiled_linear(x[:1], k_blocks, 12, 32, BF16)
     )
+    row = x[:1].float()
+    assert torch.equal(kernel.apply_ggml(row, data, "Q4_1", 32), ops.ggml_tiled_linear(row, data, 3, 32, AVX512))
 
 
 def test_apply_ggml_takes_activations_of_any_float_dtype():

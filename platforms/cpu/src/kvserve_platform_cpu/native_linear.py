@@ -21,13 +21,14 @@ scale per tensor or per output feature; on AVX-512 with VBMI only (elsewhere, AV
 included, the quantization method keeps its own path: the weight dequantized per layer).
 
 GGUF weights (GGML blocks, ``csrc/ggml.cpp``): :meth:`NativeLinearKernel.apply_ggml` multiplies
-Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K blocks as the file stores them. Up to three
-rows (decode steps of one to three sequences) of the 32-weight types (Q4_0 to Q8_0) are quantized
-per 32-block to int8, as llama.cpp does, for integer dot products (AVX-512 VNNI); more rows, and the
-K-quants, run on tiles of output features dequantized to bfloat16 in cache, each tile multiplied by
-every row (AVX512-BF16).
-Both have a portable loop, taken where the CPU lacks the instructions or where ``ggml_path`` says
-``"portable"``; built when a GGUF model first asks for it.
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K blocks as the file stores them. Of bfloat16 and
+float16 activations, up to three rows (decode steps of one to three sequences) of the 32-weight types
+(Q4_0 to Q8_0) are quantized per 32-block to int8, as llama.cpp does, for integer dot products
+(AVX-512 VNNI); more rows, and the K-quants, run on tiles of output features dequantized to bfloat16
+in cache, each tile multiplied by every row (AVX512-BF16). float32 rows, any number, run on tiles
+dequantized to float32 (the activations neither quantized nor rounded: the dense float32 product up
+to the order of the sums; AVX-512 FMA). Each has a portable loop, taken where the CPU lacks the
+instructions or where ``ggml_path`` says ``"portable"``; built when a GGUF model first asks for it.
 
 Built on first use by :mod:`kvserve_cpu_native`; where it cannot be, oneDNN's kernel serves every dtype
 and the start-up log says why.
@@ -124,31 +125,34 @@ class NativeLinearKernel(LinearKernel):
         return frozenset(GGML_TYPE_IDS)
 
     @functools.cached_property
-    def _ggml_build(self) -> tuple[int, bool, bool]:
+    def _ggml_build(self) -> tuple[int, bool, bool, bool]:
         """What ``csrc/ggml.cpp``'s build runs, asked once: the rows up to which single-row types take the
-        integer dots, and whether it has the AVX-512 VNNI and the AVX512-BF16 paths."""
+        integer dots, and whether it has the AVX-512 VNNI, the AVX512-BF16 and the AVX-512 (float32 tiles) paths."""
         ops = torch.ops.kvserve_cpu_ggml
-        return ops.ggml_dot_rows(), ops.has_vnni(), ops.has_bf16()
+        return ops.ggml_dot_rows(), ops.has_vnni(), ops.has_bf16(), ops.has_avx512()
 
     @functools.cached_property
     def ggml_path(self) -> str:
-        """``avx512`` where the build has AVX-512 VNNI or AVX512-BF16 (each op takes its instructions
-        where the build has them, its portable loop otherwise), else ``portable``; assign
-        ``"portable"`` to run the portable loops on such a CPU (the tests compare both)."""
-        _, vnni, bf16 = self._ggml_build
-        return "avx512" if vnni or bf16 else "portable"
+        """``avx512`` where the build has AVX-512 (each op takes its instructions where the build has
+        them, its portable loop otherwise), else ``portable``; assign ``"portable"`` to run the portable
+        loops on such a CPU (the tests compare both)."""
+        _, vnni, bf16, avx512 = self._ggml_build
+        return "avx512" if vnni or bf16 or avx512 else "portable"
 
     def apply_ggml(self, x: torch.Tensor, blocks: torch.Tensor, ggml_type: str, out_features: int) -> torch.Tensor:
-        """Up to ``ggml_dot_rows`` rows of Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0 on integer dots (``x`` quantized
-        per block to int8; the result in ``x``'s dtype); more rows and the K-quants on tiles dequantized
-        to bfloat16, times ``x`` in bfloat16 (float16 and float32 rows are rounded to it; the result in
-        float32)."""
-        dot_rows, vnni, bf16 = self._ggml_build
+        """float32 rows on tiles dequantized to float32 (the activations as they are: the dense float32
+        product up to the order of the sums; the result in float32). bfloat16 and float16 rows: up to
+        ``ggml_dot_rows`` rows of Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0 on integer dots (``x`` quantized per
+        block to int8; the result in ``x``'s dtype); more rows and the K-quants on tiles dequantized to
+        bfloat16, times ``x`` in bfloat16 (float16 rows are rounded to it; the result in float32)."""
+        dot_rows, vnni, bf16, avx512 = self._ggml_build
         simd = self.ggml_path == "avx512"
         type_id = GGML_TYPE_IDS[ggml_type]
+        op = torch.ops.kvserve_cpu_ggml.ggml_tiled_linear.default
+        if x.dtype == torch.float32:
+            return op(x, blocks, type_id, out_features, simd and avx512)
         if x.shape[0] <= dot_rows and ggml_type in GGML_DOT_TYPES:
             return torch.ops.kvserve_cpu_ggml.ggml_linear.default(x, blocks, type_id, out_features, simd and vnni)
-        op = torch.ops.kvserve_cpu_ggml.ggml_tiled_linear.default
         return op(x.to(torch.bfloat16), blocks, type_id, out_features, simd and bf16)
 
 
@@ -174,7 +178,7 @@ def _register_ggml_fake() -> None:
         return x.new_empty((x.shape[0], out_features))
 
     @torch.library.register_fake(f"{GGML_LIBRARY}::ggml_tiled_linear")
-    def _(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, out_features: int, bf16: bool) -> torch.Tensor:
+    def _(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, out_features: int, simd: bool) -> torch.Tensor:
         return x.new_empty((x.shape[0], out_features), dtype=torch.float32)
 
 

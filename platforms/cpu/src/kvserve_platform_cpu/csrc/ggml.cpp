@@ -9,13 +9,15 @@
 //   prefetched well ahead) where the build has it, a portable scalar loop everywhere. Q8_0
 //   weights are signed: as llama.cpp does, the weight's absolute value is the unsigned operand and its sign
 //   moves onto the activation, which leaves every product unchanged (|-128| wraps to the unsigned 128).
-// - `ggml_tiled_linear`, any number of rows (prefill chunks, batched decode steps): each thread dequantizes a
-//   tile of kTile output features into bfloat16 (the arithmetic of kvserve_quant_gguf/ggml.py, rounded to
-//   nearest even: the very weights `quantization="none"` holds in bfloat16) and multiplies every row of
-//   bfloat16 activations against it while it is in cache. So the weight is read once per call and each
-//   dequantized value serves all M rows; no layer is ever dequantized whole. Types: Q4_0, Q4_1, Q5_0, Q5_1,
-//   Q8_0, Q4_K, Q5_K and Q6_K. AVX512-BF16 (`vdpbf16ps`: 4 rows x 4 features of 16-lane float32 sums, one
-//   32-element k step per instruction) where the build has it, else a float32 loop the compiler vectorizes.
+// - `ggml_tiled_linear`, any number of rows (prefill chunks, batched decode steps; every row of float32
+//   activations): each thread dequantizes a tile of kTile output features (the arithmetic of
+//   kvserve_quant_gguf/ggml.py: the very weights `quantization="none"` holds) and multiplies every row against
+//   it while it is in cache. So the weight is read once per call and each dequantized value serves all M rows;
+//   no layer is ever dequantized whole. Types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K. bfloat16
+//   rows take tiles rounded to bfloat16 (to nearest even), on AVX512-BF16 (`vdpbf16ps`: 4 rows x 4 features of
+//   16-lane float32 sums, one 32-element k step per instruction) where the build has it, else in the float32
+//   loop; float32 rows take float32 tiles, in a float32 loop the compiler vectorizes (4 rows x 4 features of
+//   16-lane sums), so their products are the dense float32 ones up to the order of the sums.
 //
 // Measured (single thread, 2-core AMD EPYC with AVX512-BF16, shared machine): see docs/gguf.md.
 
@@ -36,8 +38,11 @@
 #include <immintrin.h>
 #define KVSERVE_VNNI 1
 #endif
-#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VL__) && defined(__F16C__)
 #include <immintrin.h>
+#define KVSERVE_AVX512 1
+#endif
+#if defined(__AVX512BF16__) && defined(KVSERVE_AVX512)
 #define KVSERVE_BF16 1
 #endif
 
@@ -83,7 +88,7 @@ constexpr int64_t kTile = 32;
 // call, and without a software prefetch a tile waits on them (one row of Q4_1 on SmolLM2's q, k, gate and down
 // shapes, weights out of cache, single thread: 222 us without, 178 us at 1 KiB, 143 us at 2 KiB, 141 us at 4).
 constexpr int64_t kPrefetchBytes = 2048;
-// The AVX512-BF16 register block: kMR rows x kNR features of 16-lane accumulators.
+// The register block of both tile loops: kMR rows x kNR features of 16-lane accumulators.
 constexpr int kMR = 4, kNR = 4;
 
 inline float half_at(const uint8_t* p) {
@@ -480,10 +485,11 @@ void dequantize_tile(int64_t type, const uint8_t* w, int64_t count, float* out) 
   }
 }
 
-#if defined(KVSERVE_BF16)
-// The same values straight to bfloat16 on AVX-512, rounded to nearest even by vcvtne2ps2bf16 / vcvtneps2bf16:
-// Q8_0 and Q6_K widen 32 quants to two float32 vectors and scale them; the 4- and 5-bit blocks (Q4_K's and
-// Q5_K's sub-blocks too) look their levels up (lookup_bf16).
+#if defined(KVSERVE_AVX512)
+// The same values on AVX-512, in float32 (exactly the scalar loops' products and sums, in the same order) or
+// straight to bfloat16 (below). Q8_0 and Q6_K widen 32 quants to two float32 vectors and scale them; the 4- and
+// 5-bit blocks (Q4_K's and Q5_K's sub-blocks too) compute their 16 or 32 levels and look them up by the quants,
+// which costs less than widening and scaling each of the 32 weights.
 
 // A float16 field by F16C's vcvtph2ps (exact, as c10's bit manipulation in half_at, in one instruction).
 inline float half_f16c(const uint8_t* p) {
@@ -496,10 +502,6 @@ inline __m512 widen_u8(__m128i q, int bias) {
   return _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(q), _mm512_set1_epi32(bias)));
 }
 
-inline void store_bf16(__m512 lo, __m512 hi, uint16_t* out) {
-  _mm512_storeu_si512(out, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
-}
-
 // The 32 nibbles of 16 bytes as bytes: low nibbles (elements 0-15), then high ones (16-31).
 inline __m256i nibbles(const uint8_t* p) {
   const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
@@ -507,16 +509,133 @@ inline __m256i nibbles(const uint8_t* p) {
   return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), low), _mm_and_si128(qs, low));
 }
 
-// Every weight of a 4-bit (5-bit) block is one of 16 (32) values: those are computed, rounded to bfloat16 and
-// looked up by the quants (vpermw), which costs less than widening and scaling each of the 32 weights.
-inline __m512i lookup_bf16(__m256i q, __m512i table) {
-  return _mm512_permutexvar_epi16(_mm512_cvtepu8_epi16(q), table);
-}
-
 // The levels q - bias for q = first, first + 1, ..., first + 15, as float32.
 inline __m512 levels(int first) {
   return _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_set1_epi32(first),
                                              _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)));
+}
+
+// 32 quants (bytes below 16, or below 32 with `v1`) to their float32 levels: v0 holds levels 0-15, v1 16-31.
+inline void lookup_f32(__m256i q, __m512 v0, __m512 v1, bool five_bit, float* out) {
+  const __m512i lo = _mm512_cvtepu8_epi32(_mm256_castsi256_si128(q));
+  const __m512i hi = _mm512_cvtepu8_epi32(_mm256_extracti128_si256(q, 1));
+  _mm512_storeu_ps(out, five_bit ? _mm512_permutex2var_ps(v0, lo, v1) : _mm512_permutexvar_ps(lo, v0));
+  _mm512_storeu_ps(out + 16, five_bit ? _mm512_permutex2var_ps(v0, hi, v1) : _mm512_permutexvar_ps(hi, v0));
+}
+
+template <bool kOffset, bool kFifthBit>
+inline void dequantize_q4_q5_avx512(const uint8_t* w, float* out) {
+  const __m512 d = _mm512_set1_ps(half_f16c(w));
+  const __m512 m = _mm512_set1_ps(kOffset ? half_f16c(w + 2) : 0.f);
+  const uint8_t* p = w + (kOffset ? 4 : 2);
+  const int bias = kOffset ? 0 : (kFifthBit ? 16 : 8);
+  __m512 v0 = _mm512_mul_ps(levels(-bias), d), v1 = _mm512_mul_ps(levels(16 - bias), d);
+  if (kOffset) {
+    v0 = _mm512_add_ps(v0, m);
+    v1 = _mm512_add_ps(v1, m);
+  }
+  __m256i q;
+  if (kFifthBit) {
+    uint32_t qh;
+    std::memcpy(&qh, p, 4);
+    q = nibbles(p + 4);
+    q = _mm256_mask_add_epi8(q, qh, q, _mm256_set1_epi8(0x10));
+  } else {
+    q = nibbles(p);
+  }
+  lookup_f32(q, v0, v1, kFifthBit, out);
+}
+
+inline void dequantize_q8_0_avx512(const uint8_t* w, float* out) {
+  const __m512 d = _mm512_set1_ps(half_f16c(w));
+  const __m128i* q = reinterpret_cast<const __m128i*>(w + 2);
+  _mm512_storeu_ps(out, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q))), d));
+  _mm512_storeu_ps(out + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q + 1))), d));
+}
+
+// A Q4_K / Q5_K sub-block's 6-bit scale and min (the scalar loop's unpacking).
+inline void k_scale_min(const uint8_t* scales, int s, int& sc, int& mn) {
+  if (s < 4) {
+    sc = scales[s] & 0x3F;
+    mn = scales[s + 4] & 0x3F;
+  } else {
+    sc = (scales[s + 4] & 0x0F) | ((scales[s - 4] >> 2) & 0x30);
+    mn = (scales[s + 4] >> 4) | ((scales[s] >> 2) & 0x30);
+  }
+}
+
+// Sub-block s's 32 quants of a Q4_K / Q5_K super-block, as bytes.
+template <bool kFifthBit>
+inline __m256i k_quants(const uint8_t* w, int s) {
+  const uint8_t* qs = w + (kFifthBit ? 48 : 16);
+  const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * (s / 2)));
+  __m256i q = _mm256_and_si256(s & 1 ? _mm256_srli_epi16(bytes, 4) : bytes, _mm256_set1_epi8(0x0F));
+  if (kFifthBit) {
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16));
+    q = _mm256_mask_add_epi8(q, _mm256_test_epi8_mask(qh, _mm256_set1_epi8(1 << s)), q, _mm256_set1_epi8(0x10));
+  }
+  return q;
+}
+
+template <bool kFifthBit>
+inline void dequantize_k4_k5_avx512(const uint8_t* w, float* out) {
+  const float d = half_f16c(w), dmin = half_f16c(w + 2);
+  for (int s = 0; s < 8; ++s) {
+    int sc, mn;
+    k_scale_min(w + 4, s, sc, mn);
+    const __m512 ds = _mm512_set1_ps(d * static_cast<float>(sc)), dm = _mm512_set1_ps(dmin * static_cast<float>(mn));
+    const __m512 v0 = _mm512_sub_ps(_mm512_mul_ps(levels(0), ds), dm);
+    const __m512 v1 = _mm512_sub_ps(_mm512_mul_ps(levels(16), ds), dm);
+    lookup_f32(k_quants<kFifthBit>(w, s), v0, v1, kFifthBit, out + 32 * s);
+  }
+}
+
+// Row r of a Q6_K super-block's quants (q + 32, below 64), as bytes.
+inline __m256i q6_k_quants(const uint8_t* w, int r) {
+  const __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64 * (r / 4) + 32 * (r % 2)));
+  const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 128 + 32 * (r / 4)));
+  const __m256i lo4 = _mm256_and_si256((r / 2) % 2 ? _mm256_srli_epi16(ql, 4) : ql, _mm256_set1_epi8(0x0F));
+  const __m256i hi2 = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * (r % 4)), _mm256_set1_epi8(3));
+  return _mm256_or_si256(lo4, _mm256_slli_epi16(hi2, 4));
+}
+
+inline void dequantize_q6_k_avx512(const uint8_t* w, float* out) {
+  const int8_t* scales = reinterpret_cast<const int8_t*>(w + 192);
+  const float d = half_f16c(w + 208);
+  for (int r = 0; r < 8; ++r) {
+    const __m256i q = q6_k_quants(w, r);
+    const __m512 d0 = _mm512_set1_ps(d * static_cast<float>(scales[2 * r]));
+    const __m512 d1 = _mm512_set1_ps(d * static_cast<float>(scales[2 * r + 1]));
+    _mm512_storeu_ps(out + 32 * r, _mm512_mul_ps(d0, widen_u8(_mm256_castsi256_si128(q), 32)));
+    _mm512_storeu_ps(out + 32 * r + 16, _mm512_mul_ps(d1, widen_u8(_mm256_extracti128_si256(q, 1), 32)));
+  }
+}
+
+// `count` blocks of `type`, float32, equal to dequantize_tile's.
+void dequantize_tile_avx512(int64_t type, const uint8_t* w, int64_t count, float* out) {
+  switch (type) {
+    case kQ4_0: return dequantize_blocks<kQ4_0, float, dequantize_q4_q5_avx512<false, false>>(w, count, out);
+    case kQ4_1: return dequantize_blocks<kQ4_1, float, dequantize_q4_q5_avx512<true, false>>(w, count, out);
+    case kQ5_0: return dequantize_blocks<kQ5_0, float, dequantize_q4_q5_avx512<false, true>>(w, count, out);
+    case kQ5_1: return dequantize_blocks<kQ5_1, float, dequantize_q4_q5_avx512<true, true>>(w, count, out);
+    case kQ8_0: return dequantize_blocks<kQ8_0, float, dequantize_q8_0_avx512>(w, count, out);
+    case kQ4_K: return dequantize_blocks<kQ4_K, float, dequantize_k4_k5_avx512<false>>(w, count, out);
+    case kQ5_K: return dequantize_blocks<kQ5_K, float, dequantize_k4_k5_avx512<true>>(w, count, out);
+    default: return dequantize_blocks<kQ6_K, float, dequantize_q6_k_avx512>(w, count, out);
+  }
+}
+#endif
+
+#if defined(KVSERVE_BF16)
+// Straight to bfloat16, rounded to nearest even by vcvtne2ps2bf16 / vcvtneps2bf16; the 4- and 5-bit levels
+// are rounded before the lookup (vpermw on 16-bit lanes).
+
+inline void store_bf16(__m512 lo, __m512 hi, uint16_t* out) {
+  _mm512_storeu_si512(out, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+}
+
+inline __m512i lookup_bf16(__m256i q, __m512i table) {
+  return _mm512_permutexvar_epi16(_mm512_cvtepu8_epi16(q), table);
 }
 
 template <bool kOffset, bool kFifthBit>
@@ -556,42 +675,23 @@ inline void dequantize_q8_0_bf16(const uint8_t* w, uint16_t* out) {
 template <bool kFifthBit>
 inline void dequantize_k4_k5_bf16(const uint8_t* w, uint16_t* out) {
   const float d = half_f16c(w), dmin = half_f16c(w + 2);
-  const uint8_t* scales = w + 4;
-  const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16));
-  const uint8_t* qs = w + (kFifthBit ? 48 : 16);
-  const __m256i low = _mm256_set1_epi8(0x0F);
   for (int s = 0; s < 8; ++s) {
     int sc, mn;
-    if (s < 4) {
-      sc = scales[s] & 0x3F;
-      mn = scales[s + 4] & 0x3F;
-    } else {
-      sc = (scales[s + 4] & 0x0F) | ((scales[s - 4] >> 2) & 0x30);
-      mn = (scales[s + 4] >> 4) | ((scales[s] >> 2) & 0x30);
-    }
-    const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * (s / 2)));
-    __m256i q = _mm256_and_si256(s & 1 ? _mm256_srli_epi16(bytes, 4) : bytes, low);
-    if (kFifthBit) q = _mm256_mask_add_epi8(q, _mm256_test_epi8_mask(qh, _mm256_set1_epi8(1 << s)), q,
-                                           _mm256_set1_epi8(0x10));
+    k_scale_min(w + 4, s, sc, mn);
     const __m512 ds = _mm512_set1_ps(d * static_cast<float>(sc)), dm = _mm512_set1_ps(dmin * static_cast<float>(mn));
     const __m512 v0 = _mm512_sub_ps(_mm512_mul_ps(levels(0), ds), dm);
     const __m512i table = kFifthBit
                               ? (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(_mm512_mul_ps(levels(16), ds), dm), v0)
                               : _mm512_castsi256_si512((__m256i)_mm512_cvtneps_pbh(v0));
-    _mm512_storeu_si512(out + 32 * s, lookup_bf16(q, table));
+    _mm512_storeu_si512(out + 32 * s, lookup_bf16(k_quants<kFifthBit>(w, s), table));
   }
 }
 
 inline void dequantize_q6_k_bf16(const uint8_t* w, uint16_t* out) {
   const int8_t* scales = reinterpret_cast<const int8_t*>(w + 192);
   const float d = half_f16c(w + 208);
-  const __m256i low = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(3);
   for (int r = 0; r < 8; ++r) {
-    const __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64 * (r / 4) + 32 * (r % 2)));
-    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 128 + 32 * (r / 4)));
-    const __m256i lo4 = _mm256_and_si256((r / 2) % 2 ? _mm256_srli_epi16(ql, 4) : ql, low);
-    const __m256i hi2 = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * (r % 4)), two);
-    const __m256i q = _mm256_or_si256(lo4, _mm256_slli_epi16(hi2, 4));
+    const __m256i q = q6_k_quants(w, r);
     const __m512 d0 = _mm512_set1_ps(d * static_cast<float>(scales[2 * r]));
     const __m512 d1 = _mm512_set1_ps(d * static_cast<float>(scales[2 * r + 1]));
     store_bf16(_mm512_mul_ps(d0, widen_u8(_mm256_castsi256_si128(q), 32)),
@@ -633,7 +733,7 @@ inline float bf16_value(uint16_t bits) {
   return v;
 }
 
-#if defined(KVSERVE_BF16)
+#if defined(KVSERVE_AVX512)
 // The sums of four 16-lane accumulators, stored to y[0..3]: halves added, then hadd trees within 128 bits.
 inline void store_sums4(const __m512* acc, float* y) {
   __m256 h[4];
@@ -642,6 +742,9 @@ inline void store_sums4(const __m512* acc, float* y) {
   const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(h[0], h[1]), _mm256_hadd_ps(h[2], h[3]));
   _mm_storeu_ps(y, _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
 }
+#endif
+
+#if defined(KVSERVE_BF16)
 
 // MR rows of x against NR weight rows (bfloat16, K each), 32 elements a step; y[i * ldy + j] = the dot.
 template <int MR, int NR>
@@ -682,32 +785,85 @@ bool has_bf16() {
 #endif
 }
 
-// Portable: one row of x against NR weight rows (float32 values of bfloat16 weights), in 16 independent
-// lanes per feature so that the compiler vectorizes the loop without reassociating a sum.
-template <int NR>
-void micro_portable(const float* x, const float* w, int64_t K, float* y) {
-  float acc[NR][16] = {};
+// Float32: MR rows of x against NR weight rows (K each), in 16 independent lanes per product so that the
+// compiler vectorizes the loop (-march=native: AVX-512 or AVX2 FMA) without reassociating a sum; each row's
+// sum over k is its 16 lanes added in order at the end. Used for float32 rows (the weights as dequantized)
+// and, where the build lacks AVX512-BF16, for bfloat16 ones (both sides widened from bfloat16).
+template <int MR, int NR>
+void micro_f32(const float* x, int64_t ldx, const float* w, int64_t K, float* y, int64_t ldy) {
+  float acc[MR][NR][16] = {};
   for (int64_t k = 0; k < K; k += 16)
-    for (int j = 0; j < NR; ++j)
-      for (int l = 0; l < 16; ++l) acc[j][l] += x[k + l] * w[j * K + k + l];
-  for (int j = 0; j < NR; ++j) {
-    float sum = 0.f;
-    for (int l = 0; l < 16; ++l) sum += acc[j][l];
-    y[j] = sum;
+    for (int i = 0; i < MR; ++i)
+      for (int j = 0; j < NR; ++j)
+        for (int l = 0; l < 16; ++l) acc[i][j][l] += x[i * ldx + k + l] * w[j * K + k + l];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) {
+      float sum = 0.f;
+      for (int l = 0; l < 16; ++l) sum += acc[i][j][l];
+      y[i * ldy + j] = sum;
+    }
+}
+
+using MicroF32 = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t);
+// kMicroF32[(MR - 1) * kNR + NR - 1], as kMicroBf16.
+template <size_t... I>
+constexpr std::array<MicroF32, sizeof...(I)> micro_f32_table(std::index_sequence<I...>) {
+  return {micro_f32<I / kNR + 1, I % kNR + 1>...};
+}
+constexpr auto kMicroF32 = micro_f32_table(std::make_index_sequence<kMR * kNR>());
+
+#if defined(KVSERVE_AVX512)
+// The same on AVX-512 FMA, 16 elements a step (each sum's lanes added by store_sums4's tree instead).
+template <int MR, int NR>
+void micro_f32_avx512(const float* x, int64_t ldx, const float* w, int64_t K, float* y, int64_t ldy) {
+  __m512 acc[MR][NR];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 16) {
+    __m512 wv[NR];
+    for (int j = 0; j < NR; ++j) wv[j] = _mm512_loadu_ps(w + j * K + k);
+    for (int i = 0; i < MR; ++i) {
+      const __m512 xv = _mm512_loadu_ps(x + i * ldx + k);
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    int j = 0;
+    for (; j + 4 <= NR; j += 4) store_sums4(acc[i] + j, y + i * ldy + j);
+    for (; j < NR; ++j) y[i * ldy + j] = _mm512_reduce_add_ps(acc[i][j]);
   }
 }
 
-using MicroPortable = void (*)(const float*, const float*, int64_t, float*);
-constexpr MicroPortable kMicroPortable[4] = {micro_portable<1>, micro_portable<2>, micro_portable<3>,
-                                             micro_portable<4>};
+template <size_t... I>
+constexpr std::array<MicroF32, sizeof...(I)> micro_f32_avx512_table(std::index_sequence<I...>) {
+  return {micro_f32_avx512<I / kNR + 1, I % kNR + 1>...};
+}
+constexpr auto kMicroF32Avx512 = micro_f32_avx512_table(std::make_index_sequence<kMR * kNR>());
+#endif
 
-// x: bfloat16 [M, K]; blocks: the weight's blocks, uint8 [N * K / block * bytes]; returns float32 [M, N].
+bool has_avx512() {
+#if defined(KVSERVE_AVX512)
+  return true;
+#else
+  return false;
+#endif
+}
+
+// x: float32 or bfloat16 [M, K]; blocks: the weight's blocks, uint8 [N * K / block * bytes]; returns float32
+// [M, N]. float32 rows multiply tiles of float32 weights, exactly as kvserve_quant_gguf/ggml.py dequantizes
+// them (the values `quantization="none"` holds in float32), so their products differ from the dense float32
+// ones by the order of the sums only. bfloat16 rows multiply tiles rounded to bfloat16. `simd` takes the
+// build's AVX-512 path for the rows' dtype (AVX512-BF16 for bfloat16, AVX-512 FMA for float32), else the
+// portable loops run (the same tiles; float32 sums in another order).
 at::Tensor ggml_tiled_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t type, int64_t out_features,
-                             bool bf16) {
+                             bool simd) {
   TORCH_CHECK(block_bytes(type) > 0, "ggml_tiled_linear: GGML type ", type, " has no tile dequantization");
   const int64_t block = block_weights(type);
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "ggml_tiled_linear: x must be bfloat16 [M, K]");
-  TORCH_CHECK(!bf16 || has_bf16(), "ggml_tiled_linear: this build has no AVX512-BF16 path");
+  const bool f32 = x.scalar_type() == at::kFloat;
+  TORCH_CHECK(x.dim() == 2 && (f32 || x.scalar_type() == at::kBFloat16),
+              "ggml_tiled_linear: x must be float32 or bfloat16 [M, K]");
+  TORCH_CHECK(!simd || (f32 ? has_avx512() : has_bf16()), "ggml_tiled_linear: this build has no ",
+              f32 ? "AVX-512" : "AVX512-BF16", " path");
   const at::Tensor rows = x.contiguous();
   const int64_t M = rows.size(0), K = rows.size(1), N = out_features;
   TORCH_CHECK(K % block == 0, "ggml_tiled_linear: in_features ", K, " is not a multiple of ", block);
@@ -718,10 +874,12 @@ at::Tensor ggml_tiled_linear(const at::Tensor& x, const at::Tensor& blocks, int6
   if (M == 0) return out;  // no row to multiply: dequantize nothing
   float* y = out.data_ptr<float>();
   const uint8_t* w = blocks.data_ptr<uint8_t>();
-  const uint16_t* xb = reinterpret_cast<const uint16_t*>(rows.data_ptr<at::BFloat16>());
-  // The portable loop multiplies float32: the rows widened once here, not once per tile.
-  std::vector<float> xf(bf16 ? 0 : M * K);
-  for (size_t i = 0; i < xf.size(); ++i) xf[i] = bf16_value(xb[i]);
+  const bool bf16 = simd && !f32;  // the AVX512-BF16 path
+  // The float32 loops' rows: float32 ones as they are; bfloat16 ones widened once here, not once per tile.
+  std::vector<float> widened(f32 || bf16 ? 0 : M * K);
+  const uint16_t* xb = f32 ? nullptr : reinterpret_cast<const uint16_t*>(rows.data_ptr<at::BFloat16>());
+  for (size_t i = 0; i < widened.size(); ++i) widened[i] = bf16_value(xb[i]);
+  const float* xf = f32 ? rows.data_ptr<float>() : widened.data();
   const int64_t tiles = (N + kTile - 1) / kTile;
   at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> tile(bf16 ? 0 : kTile * K);
@@ -730,25 +888,40 @@ at::Tensor ggml_tiled_linear(const at::Tensor& x, const at::Tensor& blocks, int6
 #endif
     for (int64_t t = begin; t < end; ++t) {
       const int64_t n0 = t * kTile, nt = std::min(kTile, N - n0);
+      const uint8_t* tile_blocks = w + n0 * row_bytes;
+      float* tile_out = y + n0;
 #if defined(KVSERVE_BF16)
       if (bf16) {
-        dequantize_tile_bf16(type, w + n0 * row_bytes, nt * K / block, tile_bf16.data());
+        dequantize_tile_bf16(type, tile_blocks, nt * K / block, tile_bf16.data());
         for (int64_t n = 0; n < nt; n += kNR) {
           const int64_t nr = std::min<int64_t>(kNR, nt - n);
           for (int64_t m = 0; m < M; m += kMR) {
             const int64_t mr = std::min<int64_t>(kMR, M - m);
-            kMicroBf16[(mr - 1) * kNR + nr - 1](xb + m * K, K, &tile_bf16[n * K], K, y + m * N + n0 + n, N);
+            kMicroBf16[(mr - 1) * kNR + nr - 1](xb + m * K, K, &tile_bf16[n * K], K, tile_out + m * N + n, N);
           }
         }
         continue;
       }
 #endif
-      // The float32 weights rounded to bfloat16 as the AVX512-BF16 path rounds them.
-      dequantize_tile(type, w + n0 * row_bytes, nt * K / block, tile.data());
-      for (int64_t i = 0; i < nt * K; ++i) tile[i] = bf16_value(bf16_bits(tile[i]));
-      for (int64_t n = 0; n < nt; n += 4) {
-        const int64_t nr = std::min<int64_t>(4, nt - n);
-        for (int64_t m = 0; m < M; ++m) kMicroPortable[nr - 1](&xf[m * K], &tile[n * K], K, y + m * N + n0 + n);
+      const MicroF32* micro = kMicroF32.data();
+#if defined(KVSERVE_AVX512)
+      if (simd) {
+        dequantize_tile_avx512(type, tile_blocks, nt * K / block, tile.data());
+        micro = kMicroF32Avx512.data();
+      } else
+#endif
+      {
+        dequantize_tile(type, tile_blocks, nt * K / block, tile.data());
+        // bfloat16 rows: the float32 weights rounded to bfloat16 as the AVX512-BF16 path rounds them.
+        if (!f32)
+          for (int64_t i = 0; i < nt * K; ++i) tile[i] = bf16_value(bf16_bits(tile[i]));
+      }
+      for (int64_t n = 0; n < nt; n += kNR) {
+        const int64_t nr = std::min<int64_t>(kNR, nt - n);
+        for (int64_t m = 0; m < M; m += kMR) {
+          const int64_t mr = std::min<int64_t>(kMR, M - m);
+          micro[(mr - 1) * kNR + nr - 1](xf + m * K, K, &tile[n * K], K, tile_out + m * N + n, N);
+        }
       }
     }
   });
@@ -759,9 +932,10 @@ at::Tensor ggml_tiled_linear(const at::Tensor& x, const at::Tensor& blocks, int6
 
 TORCH_LIBRARY(kvserve_cpu_ggml, m) {
   m.def("ggml_linear(Tensor x, Tensor blocks, int ggml_type, int out_features, bool vnni) -> Tensor");
-  m.def("ggml_tiled_linear(Tensor x, Tensor blocks, int ggml_type, int out_features, bool bf16) -> Tensor");
+  m.def("ggml_tiled_linear(Tensor x, Tensor blocks, int ggml_type, int out_features, bool simd) -> Tensor");
   m.def("has_vnni() -> bool", &has_vnni);
   m.def("has_bf16() -> bool", &has_bf16);
+  m.def("has_avx512() -> bool", &has_avx512);
   m.def("ggml_dot_rows() -> int", &ggml_dot_rows);
 }
 
