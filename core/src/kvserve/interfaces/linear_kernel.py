@@ -78,7 +78,9 @@ class LinearKernel(ABC):
     def apply_ggml(self, x: torch.Tensor, blocks: torch.Tensor, ggml_type: str, out_features: int) -> torch.Tensor:
         """``x @ W.T`` for rows ``x`` ``[M, in_features]`` and a weight ``[out_features, in_features]`` held
         as a GGUF holds it: ``blocks`` is the flat uint8 of its GGML blocks of ``ggml_type`` (one of
-        :attr:`ggml_types`), row after row. A kernel may quantize the activations per block as
+        :attr:`ggml_types`), row after row. A kernel may quantize 16-bit activations per block as
         llama.cpp does (integer dot products), so the result approximates the dequantized product;
-        a new ``[M, out_features]`` tensor in float32 or in ``x``'s dtype (the caller casts to ``x``'s)."""
+        float32 rows it multiplies as they are by the dequantized float32 weight (the dequantized
+        product up to the order of the sums). A new ``[M, out_features]`` tensor in float32 or in
+        ``x``'s dtype (the caller casts to ``x``'s)."""
         raise NotImplementedError(f"{type(self).__name__} multiplies no GGML blocks")

@@ -23,9 +23,11 @@ class GGUFLinearMethod(QuantizationMethod):
     weight's HF module name to its GGML type name; ``split_count`` how many files the model spans.
     A forward dequantizes the layer's shards into the activation dtype and runs one matmul. Where
     the platform's ``LinearKernel`` multiplies every shard's type (``ggml_types``), every forward
-    goes to it instead, with bfloat16/float16 activations only (the CPU's: one to three rows of the
-    32-weight types (Q4_0 to Q8_0) on integer dots of activations quantized per block as llama.cpp
-    does, everything else on tiles dequantized to bfloat16 in cache); float32 asks for the exact product.
+    goes to it instead (the CPU's: bfloat16/float16 activations, one to three rows of the 32-weight
+    types (Q4_0 to Q8_0) on integer dots of activations quantized per block as llama.cpp does,
+    everything else on tiles dequantized to bfloat16 in cache; float32 activations, never quantized,
+    on tiles dequantized to float32, so that their products are the dequantized weight's up to the
+    order of the sums).
     """
 
     name = "gguf"
@@ -34,10 +36,7 @@ class GGUFLinearMethod(QuantizationMethod):
         """Refuse a model that is not one GGUF file (the loader reads one file and names its types)."""
         super().__init__(quant_config)
         if "tensor_types" not in self.quant_config:
-            raise ConfigError(
-                "quantization: gguf keeps a .gguf file's GGML blocks, and the model is not a GGUF file (the "
-                "embedded default loads from its float32 conversion: give its .gguf path to load it packed)"
-            )
+            raise ConfigError("quantization: gguf keeps a .gguf file's GGML blocks, and the model is not a GGUF file")
         self.tensor_types: dict[str, str] = self.quant_config["tensor_types"]
         split_count = self.quant_config.get("split_count", 1)
         if split_count > 1:
@@ -112,9 +111,9 @@ class GGUFLinearMethod(QuantizationMethod):
         return weights.view(*ids.shape, layer.input_size)
 
     def use_linear_kernel(self, layer, kernel) -> bool:
-        """Take the kernel's products of the blocks where it runs every shard's type and the activations
-        are not float32 (whose results stay those of the dequantized weight)."""
-        if layer.params_dtype == torch.float32 or any(f.name not in kernel.ggml_types for f, *_ in layer.ggml_shards):
+        """Take the kernel's products of the blocks where it runs every shard's type (``LinearKernel.apply_ggml``
+        runs float32 activations as they are, on the weights as :meth:`dequantize` gives them)."""
+        if any(f.name not in kernel.ggml_types for f, *_ in layer.ggml_shards):
             return False
         layer.ggml_kernel = kernel
         return True
