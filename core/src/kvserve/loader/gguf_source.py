@@ -5,6 +5,9 @@ Opened, a GGUF declares itself quantized (``hf_config.quantization_config``, ``q
 layers in the file's blocks where the ``gguf`` method is installed; ``quantization="none"``
 dequantizes every tensor to float32 while streaming.
 
+The file's header is parsed once (:mod:`kvserve.loader.gguf_file`): transformers builds the config
+and the tokenizer from that parse, and the weights stream from its memory map.
+
 What differs between architectures (q/k row order, constants folded into weights, config the
 transformers GGUF reader drops) comes from the model plugins: ``register_gguf_architectures``."""
 
@@ -24,6 +27,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 
 from kvserve.errors import UnknownComponentError
 from kvserve.interfaces.gguf_architecture import GGUFArchitecture
+from kvserve.loader.gguf_file import GGUFFile, transformers_reads_parsed
 from kvserve.loader.source import ModelLoadError, ModelSource
 from kvserve.loader.tokenizer import load_tokenizer, tokenizer_load_error
 from kvserve.plugins import get_plugin_manager, load_component
@@ -46,15 +50,15 @@ class GGUFSource(ModelSource):
     """The GGUF ``general.architecture``."""
     fixups: GGUFArchitecture = field(repr=False)
     """The fix-ups of that architecture, from the model plugin that registered it."""
-    reader: gguf.GGUFReader = field(repr=False)
-    """Kept open (memory-mapped): parsing a GGUF's metadata takes seconds."""
+    file: GGUFFile = field(repr=False)
+    """The file's one parse, kept open (memory-mapped): the weights stream from it."""
     hf_names: dict[str, str] = field(repr=False)
     """GGUF tensor name -> HF parameter name."""
 
     @property
     def num_tensors(self) -> int:
         """How many tensors :meth:`weights` yields (for progress bars)."""
-        return sum(tensor.name not in DERIVED_TENSORS for tensor in self.reader.tensors)
+        return sum(tensor.name not in DERIVED_TENSORS for tensor in self.file.tensors)
 
     def weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield float32 tensors under HF names, as the architecture's fix-ups restore them."""
@@ -65,7 +69,7 @@ class GGUFSource(ModelSource):
         whose layer takes ``<module>.qweight`` as its GGML blocks (the file's bytes, a flat uint8
         tensor, rows reordered by the fix-ups where llama.cpp reordered them), any other dequantized
         to float32."""
-        for tensor in self.reader.tensors:
+        for tensor in self.file.tensors:
             if tensor.name in DERIVED_TENSORS:
                 continue
             hf_name = self.hf_names.get(tensor.name)
@@ -92,33 +96,39 @@ class GGUFSource(ModelSource):
 
 
 def open_gguf(file: Path, tokenizer: str | None = None) -> GGUFSource:
-    """Open a GGUF file: config and tokenizer through transformers' GGUF support, weights by streaming."""
-    reader = gguf.GGUFReader(file)
-    architecture = metadata_value(reader, "general.architecture")
+    """Open a GGUF file: config and tokenizer through transformers' GGUF support, weights by streaming;
+    the file's header is parsed once (:mod:`kvserve.loader.gguf_file`) for all three."""
+    parsed = GGUFFile(file)
+    architecture = parsed.value("general.architecture")
     fixups = gguf_architecture(architecture, file)
-    hf_config = AutoConfig.from_pretrained(file.parent, gguf_file=file.name)
+    with transformers_reads_parsed(parsed):
+        hf_config = AutoConfig.from_pretrained(file.parent, gguf_file=file.name)
     if not hf_config.architectures:
         # GGUF metadata has no HF class name; the engine picks the model class by it.
         hf_config.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[hf_config.model_type]]
-    head_dim = metadata_value(reader, f"{architecture}.attention.key_length")
+    head_dim = parsed.value(f"{architecture}.attention.key_length")
     if head_dim is not None:
         # transformers' GGUF config mapping drops key_length and falls back to a default
         # (hidden/heads, or Qwen3's 128), wrong for models whose head_dim is set explicitly.
         hf_config.head_dim = head_dim
     try:
-        fixups.fix_config(lambda key: metadata_value(reader, key), hf_config)
+        fixups.fix_config(parsed.value, hf_config)
     except ValueError as error:
         raise ModelLoadError(f"{file}: {error}") from error
     hf_names = hf_names_by_gguf_name(hf_config, architecture)
-    hf_config.quantization_config = gguf_quantization_config(reader, hf_names)
-    hf_tokenizer = gguf_tokenizer(file, hf_config) if tokenizer is None else load_tokenizer(tokenizer)
+    hf_config.quantization_config = gguf_quantization_config(parsed, hf_names)
+    if tokenizer is None:
+        with transformers_reads_parsed(parsed):
+            hf_tokenizer = gguf_tokenizer(file, hf_config)
+    else:
+        hf_tokenizer = load_tokenizer(tokenizer)
     return GGUFSource(
         hf_config=hf_config,
         tokenizer=hf_tokenizer,
         path=str(file),
         architecture=architecture,
         fixups=fixups,
-        reader=reader,
+        file=parsed,
         hf_names=hf_names,
     )
 
@@ -128,8 +138,9 @@ def gguf_tokenizer(file: Path, hf_config: transformers.PretrainedConfig) -> tran
     ``hf_config`` already read from ``file``; a ModelLoadError naming the file when it cannot be built.
 
     Given ``gguf_file``, transformers reads the metadata twice more, once through its slow reader only
-    to rebuild the config. Here its fast reader reads the vocabulary once, transformers converts it,
-    and ``AutoTokenizer`` picks the tokenizer class from the config it is given."""
+    to rebuild the config. Here its fast reader reads the vocabulary once (:func:`open_gguf` hands it
+    its own parse instead), transformers converts it, and ``AutoTokenizer`` picks the tokenizer class
+    from the config it is given."""
     try:
         architecture, tokenizer_dict, tokenizer_kwargs = get_gguf_tokenizer(str(file))
         backend, converter_kwargs = convert_gguf_tokenizer(architecture, tokenizer_dict)
@@ -140,16 +151,16 @@ def gguf_tokenizer(file: Path, hf_config: transformers.PretrainedConfig) -> tran
         raise tokenizer_load_error(file, error) from error
 
 
-def gguf_quantization_config(reader: gguf.GGUFReader, hf_names: dict[str, str]) -> dict:
+def gguf_quantization_config(file: GGUFFile, hf_names: dict[str, str]) -> dict:
     """The file's ``quantization_config``: the GGML type name of every 2-D weight by HF module name
     (``tensor_types``), how many files the model is split into (``split_count``), and
     ``dequantizable``: without the ``gguf`` method installed, ``quantization="auto"`` dequantizes."""
     types = {}
-    for tensor in reader.tensors:
+    for tensor in file.tensors:
         hf_name = hf_names.get(tensor.name, "")
         if hf_name.endswith(".weight") and len(tensor.shape) == 2:
-            types[hf_name.removesuffix(".weight")] = gguf.GGMLQuantizationType(tensor.tensor_type).name
-    split_count = metadata_value(reader, "split.count") or 1
+            types[hf_name.removesuffix(".weight")] = tensor.tensor_type.name
+    split_count = file.value("split.count") or 1
     return {"quant_method": QUANT_METHOD, "tensor_types": types, "split_count": split_count, "dequantizable": True}
 
 
@@ -168,15 +179,6 @@ def gguf_architecture(architecture: str, file: Path) -> GGUFArchitecture:
             f"(they read: {readable or 'none'}); install a model plugin that registers it "
             f"(hook register_gguf_architectures)" + (f"; plugins that failed to load: {failed}" if failed else "")
         ) from error
-
-
-def metadata_value(reader: gguf.GGUFReader, key: str) -> str | int | float | None:
-    """A scalar or string GGUF metadata value (``None`` when the key is absent)."""
-    field = reader.fields.get(key)
-    if field is None:
-        return None
-    value = field.parts[field.data[0]]
-    return bytes(value).decode() if field.types[0] == gguf.GGUFValueType.STRING else value[0].item()
 
 
 def hf_names_by_gguf_name(hf_config: transformers.PretrainedConfig, architecture: str) -> dict[str, str]:

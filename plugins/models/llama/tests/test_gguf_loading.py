@@ -16,7 +16,8 @@ import torch
 import transformers
 
 from kvserve.layers import UnquantizedLinearMethod
-from kvserve.loader import ModelLoadError, open_model
+from kvserve.loader import ModelLoadError, gguf_file, open_model
+from kvserve.loader.default_model import embedded_gguf_path
 from kvserve.testing.hf_models import build_tiny_model
 from kvserve_models_llama import model as llama
 
@@ -127,3 +128,45 @@ def test_unsupported_gguf_architecture_is_named(tmp_path):
     assert "llama (kvserve-models-llama)" in str(error.value)
     assert "gemma3 (kvserve-models-gemma)" in str(error.value)
     assert "register_gguf_architectures" in str(error.value)
+
+
+def test_a_gguf_is_parsed_once(monkeypatch):
+    """``open_model`` parses a GGUF's header once (``kvserve.loader.gguf_file``) for its config, its
+    tokenizer and its weights: transformers' readers (gguf-py's ``GGUFReader``, its own
+    ``read_gguf_metadata``), which would each parse the file again, are answered from that parse, and
+    build the config and tokenizer they build reading the file themselves."""
+    file = embedded_gguf_path()
+    config = transformers.AutoConfig.from_pretrained(file.parent, gguf_file=file.name).to_dict()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name)
+
+    parses = []
+    parse = gguf_file.GGUFFile._parse
+    monkeypatch.setattr(gguf_file.GGUFFile, "_parse", lambda self: (parses.append(self.path), parse(self))[1])
+
+    def read_again(*args, **kwargs):
+        raise AssertionError(f"the GGUF was read again: {args}")
+
+    from transformers.integrations import gguf as integration
+    from transformers.integrations.gguf import reader
+
+    monkeypatch.setattr(gguf, "GGUFReader", read_again)
+    monkeypatch.setattr(reader, "read_gguf_metadata", read_again)
+    monkeypatch.setattr(integration, "read_gguf_metadata", read_again)
+    source = open_model(str(file))
+    assert parses == [file]
+    ours = source.hf_config.to_dict()
+    assert ours.pop("quantization_config")["quant_method"] == "gguf"  # the loader's additions
+    assert ours.pop("architectures") == ["LlamaForCausalLM"] and config.pop("architectures") is None
+    assert ours == config
+    assert source.tokenizer.backend_tokenizer.to_str() == tokenizer.backend_tokenizer.to_str()
+    assert source.tokenizer.init_kwargs == tokenizer.init_kwargs
+    assert next(iter(source.weights()))[1].dtype == torch.float32
+    assert gguf.GGUFReader is read_again  # put back as it was found
+
+
+@pytest.mark.parametrize("content", [b"", b"GGUF", b"GGML" + bytes(60), b"GGUF" + bytes([9, 0, 0, 0]) + bytes(56)])
+def test_an_unreadable_gguf_is_named(tmp_path, content):
+    file = tmp_path / "model.gguf"
+    file.write_bytes(content)
+    with pytest.raises(ModelLoadError, match=f"{file}: not a (readable )?GGUF file|{file}: GGUF version 9"):
+        open_model(str(file))
