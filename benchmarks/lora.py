@@ -28,9 +28,8 @@ from harness.sampling_mix import machine_isa
 from kvserve import LLM
 from kvserve.benchmarking.offline import fixed_length_params
 from kvserve.benchmarking.workload import chat_prompt_ids
-from kvserve.loader.default_model import default_model_directory
 from kvserve.lora import LoRARequest
-from kvserve.testing.hf_models import build_lora_adapter
+from kvserve.testing.hf_models import build_lora_adapter, embedded_hf_directory
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 RANK = 16
@@ -105,7 +104,7 @@ def main() -> None:
 
     print(f"machine: {machine_isa()}, {torch.get_num_threads()} threads")
     with tempfile.TemporaryDirectory() as folder:
-        base = Path(args.model) if args.model else default_model_directory()
+        base = Path(args.model) if args.model else embedded_hf_directory()
         start = time.perf_counter()
         adapters = make_adapters(base, Path(folder), max(args.adapters))
         made = time.perf_counter() - start

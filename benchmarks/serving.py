@@ -33,13 +33,13 @@ from kvserve.benchmarking.percentile import percentile
 from kvserve.benchmarking.serving_client import run_serving_benchmark
 from kvserve.benchmarking.workload import chat_prompt_ids
 from kvserve.loader import open_model
-from kvserve.loader.default_model import default_model_directory
+from kvserve.testing.hf_models import embedded_hf_directory
 
 
 def start_server(port: int) -> subprocess.Popen:
-    # float32, as the HF baseline below: like for like.
+    # float32 and dequantized, as the HF baseline below: like for like.
     command = [sys.executable, "-m", "kvserve.cli", "serve", "--port", str(port), "--log-level", "warning"]
-    command += ["--dtype", "float32"]
+    command += ["--dtype", "float32", "--set", "quantization=none"]
     env = {**os.environ, "KVSERVE_LOG_LEVEL": "WARNING"}
     process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL)
     deadline = time.monotonic() + 600
@@ -76,7 +76,7 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=64)
     args = parser.parse_args()
 
-    path = str(default_model_directory())
+    path = str(embedded_hf_directory())
     tokenizer = open_model(path).tokenizer
     prompt_ids = chat_prompt_ids(tokenizer, args.num_prompts)
     pad_id = tokenizer.pad_token_id or 0

@@ -30,8 +30,7 @@ import time
 from pathlib import Path
 
 from kvserve import LLM, SamplingParams
-from kvserve.loader.default_model import default_model_directory
-from kvserve.testing.hf_models import layer_skip_draft
+from kvserve.testing.hf_models import embedded_hf_directory, layer_skip_draft
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
 # No global cache: the rounds repeat the same requests, which a cache of earlier outputs would answer from memory.
@@ -102,7 +101,7 @@ def main() -> None:
             continue
         if text.startswith("draft:"):
             layers = int(text.removeprefix("draft:"))
-            target = Path(args.model) if args.model else default_model_directory()
+            target = Path(args.model) if args.model else embedded_hf_directory()
             draft = layer_skip_draft(target, drafts / str(layers), layers)
             configs[text] = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 4}
             continue

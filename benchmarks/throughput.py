@@ -15,6 +15,7 @@ from harness.hf_baseline import hf_generate_batched, load_hf_model
 from kvserve import LLM
 from kvserve.benchmarking.offline import measure_throughput
 from kvserve.benchmarking.workload import chat_prompt_ids
+from kvserve.testing.hf_models import embedded_hf_directory
 
 
 def main() -> None:
@@ -23,12 +24,13 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=64)
     args = parser.parse_args()
 
-    llm = LLM(max_model_len=2048, dtype="float32")  # the HF baseline runs float32: like for like
+    # The HF baseline runs the GGUF dequantized in float32: so does kvserve here, like for like.
+    llm = LLM(max_model_len=2048, dtype="float32", quantization="none")
     tokenizer = llm.get_tokenizer()
     prompt_ids = chat_prompt_ids(tokenizer, args.num_prompts)
     measure_throughput(llm, prompt_ids[:2], 4, progress=False)  # warm-up
     kv_time = measure_throughput(llm, prompt_ids, args.output_len, progress=False).seconds
-    hf_model = load_hf_model(str(llm.engine.model_path))
+    hf_model = load_hf_model(str(embedded_hf_directory()))
     hf_time = hf_generate_batched(hf_model, prompt_ids, args.output_len, tokenizer.pad_token_id or 0)
 
     tokens = args.num_prompts * args.output_len

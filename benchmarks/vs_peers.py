@@ -248,9 +248,9 @@ def main() -> None:
         parser.error(str(exc))
 
     if args.model is None:
-        from kvserve.loader.default_model import default_model_directory
+        from kvserve.testing.hf_models import embedded_hf_directory
 
-        args.model = str(default_model_directory())
+        args.model = str(embedded_hf_directory())
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="vs_peers-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     workload_path = args.workload

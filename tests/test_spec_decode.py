@@ -18,11 +18,10 @@ import pytest
 from kvserve import LLM, SamplingParams
 from kvserve.errors import ConfigError, UnknownComponentError
 from kvserve.interfaces.proposer import DraftProposer, DraftRequest
-from kvserve.loader.default_model import default_model_directory
 from kvserve.request import RequestStatus
 from kvserve.sampling_params import StructuredOutputsParams
 from kvserve.structured_outputs.selection import usable_backends
-from kvserve.testing.hf_models import build_tiny_model, layer_skip_draft
+from kvserve.testing.hf_models import build_tiny_model, embedded_hf_directory, layer_skip_draft
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
 # The global cache on (its default): the batches run one after another in an engine draft from the earlier ones.
@@ -91,7 +90,7 @@ def test_smollm2_greedy_is_token_identical_with_each_proposer(smollm_reference, 
 @pytest.mark.parametrize("case", sorted(SMOLLM_CASES))
 def test_smollm2_greedy_is_token_identical_with_a_layer_skip_draft(smollm_reference, tmp_path, case):
     # No smaller model shares SmolLM2's tokenizer: its own first 4 of 30 layers draft for it.
-    draft = layer_skip_draft(default_model_directory(), tmp_path / "draft", 4)
+    draft = layer_skip_draft(embedded_hf_directory(), tmp_path / "draft", 4)
     spec = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 3}
     llm = LLM(**SMOLLM, **SMOLLM_CASES[case], speculative_config=spec)
     for size in (1, 8, 32):

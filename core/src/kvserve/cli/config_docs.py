@@ -34,7 +34,8 @@ OTHER_ENV_VARS = {
     "KVSERVE_STATS_INTERVAL": "Seconds between the engine's throughput and KV cache log lines (default 5)",
     "KVSERVE_PLUGINS": "Comma-separated plugin or package names: only these plugins load (core's built-ins always do)",
     "KVSERVE_DISABLE_PLUGINS": "Comma-separated plugin or package names that do not load",
-    "KVSERVE_CACHE_DIR": "Where converted models (the embedded SmolLM2) are kept; default: the user cache directory",
+    "KVSERVE_CACHE_DIR": "Where the testing kit and the benchmarks keep the embedded SmolLM2 converted to an HF "
+    "directory (for what reads only HF checkpoints); default: the user cache directory",
     "KVSERVE_NATIVE_CACHE": "Where plugins' built C++ operator libraries are kept; default: the user cache directory",
     "KVSERVE_LORA_KERNEL": "The platform's LoRA kernel by a name its platform documents (docs/lora.md), or `torch` "
     "(core's PyTorch kernel); unset: the platform's best",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvserve.loader.default_model import default_model_directory
+from kvserve.loader.default_model import embedded_gguf_path
 from kvserve.loader.gguf_source import open_gguf
 from kvserve.loader.safetensors_source import open_hf_directory
 from kvserve.loader.source import ModelLoadError, ModelSource
@@ -17,7 +17,7 @@ def open_model(model: str | None, tokenizer: str | None = None) -> ModelSource:
     Nothing is downloaded: ``model`` must be a local path.
     """
     if model is None:
-        return open_hf_directory(default_model_directory(), tokenizer)
+        return open_gguf(embedded_gguf_path(), tokenizer)
     path = Path(model).expanduser()
     if not path.exists():
         raise ModelLoadError(

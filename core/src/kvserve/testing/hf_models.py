@@ -140,6 +140,70 @@ def layer_skip_draft(target: Path, dest: Path, num_layers: int) -> Path:
     return dest
 
 
+COMPLETE_MARKER = ".kvserve-complete"
+"""Written last inside a converted directory: a directory without it is never used."""
+
+
+def embedded_hf_directory() -> Path:
+    """The embedded default model as an HF-format directory (config.json, float32 model.safetensors,
+    tokenizer files) in kvserve's cache (``$KVSERVE_CACHE_DIR`` or the platform's user cache),
+    converted from its GGUF on first use: for what reads only HF checkpoints (the peers the
+    benchmarks run, HF baselines, :func:`layer_skip_draft`). kvserve itself opens the GGUF."""
+    import importlib.metadata
+    import os
+
+    import platformdirs
+
+    from kvserve.loader.default_model import WHEEL_DISTRIBUTION, embedded_gguf_path
+
+    gguf_path = embedded_gguf_path()
+    version = importlib.metadata.version(WHEEL_DISTRIBUTION)
+    cache = Path(os.environ.get("KVSERVE_CACHE_DIR") or platformdirs.user_cache_dir("kvserve"))
+    target = cache / "models" / f"{gguf_path.stem}-{version}"
+    if not (target / COMPLETE_MARKER).is_file():
+        convert_gguf_to_hf_directory(gguf_path, target)
+    return target
+
+
+def convert_gguf_to_hf_directory(gguf_path: Path, target: Path) -> None:
+    """Write ``gguf_path`` as config.json + float32 model.safetensors + tokenizer files at ``target``.
+
+    The directory is built under a temporary name next to ``target`` and renamed into place,
+    so a crash or a concurrent conversion never leaves a half-written ``target`` in use.
+    """
+    import shutil
+    import sys
+    import tempfile
+
+    from safetensors.torch import save_file
+    from tqdm import tqdm
+
+    from kvserve.loader.gguf_source import open_gguf
+
+    print(f"Converting {gguf_path.name} once to {target} ...", file=sys.stderr)
+    source = open_gguf(gguf_path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        progress = tqdm(source.weights(), total=source.num_tensors, unit="tensor", file=sys.stderr)
+        save_file(dict(progress), staging / "model.safetensors", metadata={"format": "pt"})
+        source.hf_config.dtype = "float32"  # what model.safetensors holds
+        del source.hf_config.quantization_config  # the directory holds dequantized weights
+        source.hf_config.save_pretrained(staging)
+        source.tokenizer.save_pretrained(staging)
+        (staging / COMPLETE_MARKER).write_text(f"converted from {gguf_path}\n")
+        if target.exists() and not (target / COMPLETE_MARKER).is_file():
+            shutil.rmtree(target)  # an incomplete leftover, not something a conversion renamed here
+        try:
+            staging.rename(target)
+        except OSError:
+            if not (target / COMPLETE_MARKER).is_file():
+                raise
+            # Another process finished the same conversion first; its result is equivalent.
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def served_model_type() -> str:
     """A transformers model type whose causal-LM architecture an installed model plugin serves (the first
     in registration order), for contracts that need some model to run the engine on; PluginError when

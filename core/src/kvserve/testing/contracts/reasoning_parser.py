@@ -35,11 +35,9 @@ OUTPUTS = (
 @cache
 def embedded_tokenizer() -> Any:
     """The tokenizer of the embedded SmolLM2, the model kvserve serves by default."""
-    from transformers import AutoTokenizer
+    from kvserve.loader import open_model
 
-    from kvserve.loader.default_model import default_model_directory
-
-    return AutoTokenizer.from_pretrained(default_model_directory())
+    return open_model(None).tokenizer
 
 
 def _split(parts: Sequence[tuple[str | None, str | None]]) -> tuple[str, str]:

