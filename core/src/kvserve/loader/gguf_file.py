@@ -182,13 +182,24 @@ class GGUFFile:
         return _ReaderView(self)
 
 
+CONFIG_VOCABULARY = "tokenizer.ggml.tokens"
+"""The one tokenizer array transformers' config mapping reads (its length: the vocabulary size where the
+architecture's keys give none); it parses every element of every array it is handed, and would drop the
+merges, token types and scores after parsing them."""
+
+
 class _ReaderView:
     """What transformers' ``load_gguf_checkpoint`` reads of a ``GGUFReader``: ``fields`` (gguf's
-    ``ReaderField``: value parts, the indices of the data parts, the types) and ``tensors`` (names)."""
+    ``ReaderField``: value parts, the indices of the data parts, the types; every key but the tokenizer's
+    arrays other than :data:`CONFIG_VOCABULARY`) and ``tensors`` (names)."""
 
     def __init__(self, file: GGUFFile) -> None:
         self.tensors = file.tensors
-        self.fields = {key: _reader_field(key, field) for key, field in file.fields.items()}
+        self.fields = {
+            key: _reader_field(key, field)
+            for key, field in file.fields.items()
+            if not (key.startswith("tokenizer.") and field.element_type is not None and key != CONFIG_VOCABULARY)
+        }
 
 
 def _reader_field(key: str, field: GGUFField) -> gguf.ReaderField:
