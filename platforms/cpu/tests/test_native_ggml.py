@@ -175,6 +175,19 @@ def test_float32_tiled_products_match_the_dequantized_reference(path, type_name,
     assert (error <= 1e-5 * (np.abs(x.double().numpy()) @ np.abs(weights).T)).all(), error.max()
 
 
+@pytest.mark.parametrize(
+    ("dtype", "path"), [(torch.float32, p) for p in F32_TILE_PATHS] + [(torch.bfloat16, p) for p in TILE_PATHS]
+)
+def test_a_rows_tiled_product_does_not_depend_on_the_other_rows(dtype, path):
+    """Each row's sums run in an order fixed by k alone (row panels, k chunks, register blocks): a row
+    multiplied among 70 (three row panels, a partial register block) equals it multiplied alone, bit for bit."""
+    blocks = random_blocks("Q4_K", 40, 768, seed=3)
+    x = torch.randn(70, 768, generator=torch.Generator().manual_seed(4)).to(dtype)
+    together = tiled(x, blocks, "Q4_K", 40, path)
+    for row in (0, 5, 33, 69):
+        np.testing.assert_array_equal(tiled(x[row : row + 1], blocks, "Q4_K", 40, path)[0], together[row])
+
+
 @pytest.mark.parametrize("path", TILE_PATHS)
 def test_tiles_take_no_rows(path):
     blocks = random_blocks("Q4_1", 8, 64, seed=2)

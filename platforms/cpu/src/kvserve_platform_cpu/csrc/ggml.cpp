@@ -785,26 +785,28 @@ bool has_bf16() {
 #endif
 }
 
-// Float32: MR rows of x against NR weight rows (K each), in 16 independent lanes per product so that the
-// compiler vectorizes the loop (-march=native: AVX-512 or AVX2 FMA) without reassociating a sum; each row's
-// sum over k is its 16 lanes added in order at the end. Used for float32 rows (the weights as dequantized)
-// and, where the build lacks AVX512-BF16, for bfloat16 ones (both sides widened from bfloat16).
+// Float32: MR rows of x against NR weight rows over `kc` elements of k (rows `ldx` and `ldw` apart), in 16
+// independent lanes per product so that the compiler vectorizes the loop (-march=native: AVX-512 or AVX2 FMA)
+// without reassociating a sum; each sum is its 16 lanes added in order, stored to y[i * ldy + j] (`add`: added
+// to it). Used for float32 rows (the weights as dequantized) and, where the build lacks AVX512-BF16, for
+// bfloat16 ones (both sides widened from bfloat16).
 template <int MR, int NR>
-void micro_f32(const float* x, int64_t ldx, const float* w, int64_t K, float* y, int64_t ldy) {
+void micro_f32(const float* x, int64_t ldx, const float* w, int64_t ldw, int64_t kc, float* y, int64_t ldy,
+               bool add) {
   float acc[MR][NR][16] = {};
-  for (int64_t k = 0; k < K; k += 16)
+  for (int64_t k = 0; k < kc; k += 16)
     for (int i = 0; i < MR; ++i)
       for (int j = 0; j < NR; ++j)
-        for (int l = 0; l < 16; ++l) acc[i][j][l] += x[i * ldx + k + l] * w[j * K + k + l];
+        for (int l = 0; l < 16; ++l) acc[i][j][l] += x[i * ldx + k + l] * w[j * ldw + k + l];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NR; ++j) {
       float sum = 0.f;
       for (int l = 0; l < 16; ++l) sum += acc[i][j][l];
-      y[i * ldy + j] = sum;
+      y[i * ldy + j] = add ? y[i * ldy + j] + sum : sum;
     }
 }
 
-using MicroF32 = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t);
+using MicroF32 = void (*)(const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t, bool);
 // kMicroF32[(MR - 1) * kNR + NR - 1], as kMicroBf16.
 template <size_t... I>
 constexpr std::array<MicroF32, sizeof...(I)> micro_f32_table(std::index_sequence<I...>) {
@@ -815,22 +817,25 @@ constexpr auto kMicroF32 = micro_f32_table(std::make_index_sequence<kMR * kNR>()
 #if defined(KVSERVE_AVX512)
 // The same on AVX-512 FMA, 16 elements a step (each sum's lanes added by store_sums4's tree instead).
 template <int MR, int NR>
-void micro_f32_avx512(const float* x, int64_t ldx, const float* w, int64_t K, float* y, int64_t ldy) {
+void micro_f32_avx512(const float* x, int64_t ldx, const float* w, int64_t ldw, int64_t kc, float* y, int64_t ldy,
+                      bool add) {
   __m512 acc[MR][NR];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < K; k += 16) {
+  for (int64_t k = 0; k < kc; k += 16) {
     __m512 wv[NR];
-    for (int j = 0; j < NR; ++j) wv[j] = _mm512_loadu_ps(w + j * K + k);
+    for (int j = 0; j < NR; ++j) wv[j] = _mm512_loadu_ps(w + j * ldw + k);
     for (int i = 0; i < MR; ++i) {
       const __m512 xv = _mm512_loadu_ps(x + i * ldx + k);
       for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
     }
   }
   for (int i = 0; i < MR; ++i) {
+    float sums[NR];
     int j = 0;
-    for (; j + 4 <= NR; j += 4) store_sums4(acc[i] + j, y + i * ldy + j);
-    for (; j < NR; ++j) y[i * ldy + j] = _mm512_reduce_add_ps(acc[i][j]);
+    for (; j + 4 <= NR; j += 4) store_sums4(acc[i] + j, sums + j);
+    for (; j < NR; ++j) sums[j] = _mm512_reduce_add_ps(acc[i][j]);
+    for (j = 0; j < NR; ++j) y[i * ldy + j] = add ? y[i * ldy + j] + sums[j] : sums[j];
   }
 }
 
@@ -840,6 +845,12 @@ constexpr std::array<MicroF32, sizeof...(I)> micro_f32_avx512_table(std::index_s
 }
 constexpr auto kMicroF32Avx512 = micro_f32_avx512_table(std::make_index_sequence<kMR * kNR>());
 #endif
+
+// The float32 loops' blocking: a panel of kRowPanel rows is multiplied kChunk elements of k at a time, so that
+// its kRowPanel x kChunk floats (32 KiB) stay in L1 while every feature block of the tile passes over them
+// (whole rows of a long k would be read back from L2 once per feature block). Each sum is its chunks' sums
+// added in k order: fixed by k alone, so a row's products do not depend on the other rows.
+constexpr int64_t kRowPanel = 32, kChunk = 256;
 
 bool has_avx512() {
 #if defined(KVSERVE_AVX512)
@@ -916,13 +927,18 @@ at::Tensor ggml_tiled_linear(const at::Tensor& x, const at::Tensor& blocks, int6
         if (!f32)
           for (int64_t i = 0; i < nt * K; ++i) tile[i] = bf16_value(bf16_bits(tile[i]));
       }
-      for (int64_t n = 0; n < nt; n += kNR) {
-        const int64_t nr = std::min<int64_t>(kNR, nt - n);
-        for (int64_t m = 0; m < M; m += kMR) {
-          const int64_t mr = std::min<int64_t>(kMR, M - m);
-          micro[(mr - 1) * kNR + nr - 1](xf + m * K, K, &tile[n * K], K, tile_out + m * N + n, N);
+      for (int64_t m0 = 0; m0 < M; m0 += kRowPanel)
+        for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
+          const int64_t kc = std::min(kChunk, K - k0);
+          for (int64_t n = 0; n < nt; n += kNR) {
+            const int64_t nr = std::min<int64_t>(kNR, nt - n);
+            for (int64_t m = m0; m < std::min(M, m0 + kRowPanel); m += kMR) {
+              const int64_t mr = std::min<int64_t>(kMR, M - m);
+              micro[(mr - 1) * kNR + nr - 1](xf + m * K + k0, K, &tile[n * K + k0], K, kc, tile_out + m * N + n, N,
+                                             k0 > 0);
+            }
+          }
         }
-      }
     }
   });
   return out;
