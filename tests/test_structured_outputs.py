@@ -94,15 +94,16 @@ def test_grammar_outputs_are_sentences(llm):
 
 
 def test_unconstrained_neighbours_keep_their_tokens(llm):
-    """``plain`` decodes beside ``other`` either way, so every step it is in has at least two rows: the
-    embedded GGUF, kept packed in bfloat16, multiplies a step of one row on activations quantized to
-    int8 (llama.cpp's integer dots) and more rows on the tiles, so alone it may take other tokens."""
+    """``plain`` decodes beside three unconstrained requests of its length either way, so every step it
+    is in has four rows or more: the embedded GGUF, kept packed in bfloat16, multiplies steps of up to
+    three rows on activations quantized to int8 (llama.cpp's integer dots) and more rows on the tiles,
+    so with fewer rows it may take other tokens."""
     plain = SamplingParams(temperature=1.0, seed=3, max_tokens=16, ignore_eos=True)
-    other = SamplingParams(temperature=1.0, seed=4, max_tokens=16, ignore_eos=True)
+    others = [SamplingParams(temperature=1.0, seed=seed, max_tokens=16, ignore_eos=True) for seed in (4, 5, 6)]
     prompt = chat(llm, "Tell me about the sea.")
-    unconstrained = llm.generate([prompt] * 2, [plain, other], use_tqdm=False)[0].outputs[0].token_ids
-    neighbours = [other, sampled(1, json=PERSON), sampled(2, regex="[a-z]{4}")]
-    mixed = llm.generate([prompt] * 4, [plain, *neighbours], use_tqdm=False)
+    unconstrained = llm.generate([prompt] * 4, [plain, *others], use_tqdm=False)[0].outputs[0].token_ids
+    neighbours = [*others, sampled(1, json=PERSON), sampled(2, regex="[a-z]{4}")]
+    mixed = llm.generate([prompt] * 6, [plain, *neighbours], use_tqdm=False)
     assert mixed[0].outputs[0].token_ids == unconstrained
 
 

@@ -1,5 +1,5 @@
 // GGUF weights kept in llama.cpp's GGML blocks, multiplied by rows of activations in two ways (the caller
-// picks by the number of rows, up to `ggml_dot_rows` on the first, and by type):
+// picks by the number of rows, up to `ggml_dot_rows` on the first, and by type; float32 rows take the second):
 //
 // - `ggml_linear`, a decode step's few rows: activations quantized as llama.cpp quantizes them, per 32-weight block
 //   to int8 with one float scale (its Q8_0/Q8_1), so a block's product is an integer dot of 32 bytes scaled
@@ -16,8 +16,9 @@
 //   no layer is ever dequantized whole. Types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K. bfloat16
 //   rows take tiles rounded to bfloat16 (to nearest even), on AVX512-BF16 (`vdpbf16ps`: 4 rows x 4 features of
 //   16-lane float32 sums, one 32-element k step per instruction) where the build has it, else in the float32
-//   loop; float32 rows take float32 tiles, in a float32 loop the compiler vectorizes (4 rows x 4 features of
-//   16-lane sums), so their products are the dense float32 ones up to the order of the sums.
+//   loop; float32 rows take float32 tiles (dequantized on AVX-512 where the build has it), multiplied on AVX-512
+//   FMA or in a float32 loop the compiler vectorizes (4 rows x 4 features of 16-lane sums, 32-row panels 256 k
+//   at a time), so their products are the dense float32 ones up to the order of the sums.
 //
 // Measured (single thread, 2-core AMD EPYC with AVX512-BF16, shared machine): see docs/gguf.md.
 
