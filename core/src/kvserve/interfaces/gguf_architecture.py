@@ -27,6 +27,12 @@ class GGUFArchitecture:
     name: ClassVar[str]
     """The registry name: the GGUF ``general.architecture`` (``"llama"``), a value of ``gguf.MODEL_ARCH_NAMES``
     (the loader maps tensor names with gguf's tensor name map of that architecture)."""
+    model_has_hf_names: ClassVar[bool] = False
+    """True where the model plugin's model of these files' config (registered under its ``architectures[0]``)
+    keeps HF's module paths, so that its checkpoint names are the HF checkpoint's: the loader then maps
+    the file's tensors onto the names of that model, built on the meta device, rather than those of
+    transformers' model (whose modeling code takes about a second to import and build).
+    ``GGUFArchitectureContract`` checks the two agree."""
 
     def fix_config(self, metadata: GGUFMetadata, hf_config: Any) -> None:
         """Amend ``hf_config`` (a ``transformers.PretrainedConfig`` read from the file by transformers)

@@ -115,7 +115,7 @@ def open_gguf(file: Path, tokenizer: str | None = None) -> GGUFSource:
         fixups.fix_config(parsed.value, hf_config)
     except ValueError as error:
         raise ModelLoadError(f"{file}: {error}") from error
-    hf_names = hf_names_by_gguf_name(hf_config, architecture)
+    hf_names = hf_names_by_gguf_name(hf_config, architecture, fixups)
     hf_config.quantization_config = gguf_quantization_config(parsed, hf_names)
     if tokenizer is None:
         with transformers_reads_parsed(parsed):
@@ -181,20 +181,34 @@ def gguf_architecture(architecture: str, file: Path) -> GGUFArchitecture:
         ) from error
 
 
-def hf_names_by_gguf_name(hf_config: transformers.PretrainedConfig, architecture: str) -> dict[str, str]:
+def hf_names_by_gguf_name(
+    hf_config: transformers.PretrainedConfig, architecture: str, fixups: GGUFArchitecture
+) -> dict[str, str]:
     """Map GGUF tensor names (``blk.0.attn_q.weight``) to HF parameter names.
 
-    gguf's ``TensorNameMap`` maps HF names to GGUF names; it is inverted over the parameter
-    names of the HF model for this config, built on the meta device (no memory, no init).
-    """
+    gguf's ``TensorNameMap`` maps HF names to GGUF names; it is inverted over the parameter names of
+    the model for this config (:func:`parameter_names`)."""
     arch = next(key for key, name in gguf.MODEL_ARCH_NAMES.items() if name == architecture)
     name_map = gguf.get_tensor_name_map(arch, hf_config.num_hidden_layers)
-    with torch.device("meta"):
-        hf_model = AutoModelForCausalLM.from_config(hf_config)
     names = {}
-    for hf_name in hf_model.state_dict():
+    for hf_name in parameter_names(hf_config, fixups):
         module_name, _, suffix = hf_name.rpartition(".")
         gguf_name = name_map.get_name(module_name)
         if gguf_name is not None:
             names[f"{gguf_name}.{suffix}"] = hf_name
     return names
+
+
+def parameter_names(hf_config: transformers.PretrainedConfig, fixups: GGUFArchitecture) -> list[str]:
+    """The HF parameter names of the model for ``hf_config``, built on the meta device (no memory, no
+    init): the model plugin's model's checkpoint names where the architecture says they are HF's
+    (``GGUFArchitecture.model_has_hf_names``), else transformers' model's."""
+    if fixups.model_has_hf_names:
+        from kvserve.layers import UnquantizedLinearMethod
+        from kvserve.layers.loading import checkpoint_targets
+
+        with torch.device("meta"):
+            model = load_component("model", hf_config.architectures[0])(hf_config, UnquantizedLinearMethod())
+        return list(checkpoint_targets(model))
+    with torch.device("meta"):
+        return list(AutoModelForCausalLM.from_config(hf_config).state_dict())

@@ -1,5 +1,7 @@
-"""The GGUFArchitecture contract: the name is a GGUF architecture gguf knows, and the fix-ups read a file
-with no optional metadata and rearrange tensors without resizing them."""
+"""The GGUFArchitecture contract: the name is a GGUF architecture gguf knows, the fix-ups read a file
+with no optional metadata and rearrange tensors without resizing them, and where the model plugin's
+model is said to keep HF's names, the file's tensors map onto the same names through it as through
+transformers' model."""
 
 from __future__ import annotations
 
@@ -60,3 +62,28 @@ class GGUFArchitectureContract(ComponentContract):
             if not isinstance(fixed, torch.Tensor) or fixed.numel() != tensor.numel() or fixed.dtype != tensor.dtype:
                 got = f"{tuple(fixed.shape)} {fixed.dtype}" if isinstance(fixed, torch.Tensor) else repr(fixed)
                 violation(f"fix_tensor({hf_name!r}) returned {got} for a {tuple(tensor.shape)} {tensor.dtype} tensor")
+
+    def test_the_models_names_are_hfs_where_it_says_so(self, component):
+        """With ``model_has_hf_names``, the loader maps a file's tensors onto the checkpoint names of the
+        model plugin's model (no transformers modeling code to import): every GGUF tensor name must then
+        come out under the HF name transformers' model gives it."""
+        if not component.model_has_hf_names:
+            return
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+        from kvserve.loader.gguf_source import hf_names_by_gguf_name
+
+        config = self.hf_config()
+        config.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]]
+        ours = hf_names_by_gguf_name(config, self.component_name(), component())
+        hfs = hf_names_by_gguf_name(config, self.component_name(), GGUFArchitecture())
+        if config.tie_word_embeddings:  # transformers lists the tied head's weight; no file stores it
+            hfs = {gguf_name: hf_name for gguf_name, hf_name in hfs.items() if hf_name != "lm_head.weight"}
+        if ours != hfs:
+            wrong = sorted(
+                f"{g}: {ours.get(g)} (transformers: {hfs.get(g)})" for g in {*ours, *hfs} if ours.get(g) != hfs.get(g)
+            )
+            violation(
+                f"model_has_hf_names is set, but the model plugin's model names GGUF tensors otherwise than "
+                f"transformers' model does: {wrong[:5]}"
+            )

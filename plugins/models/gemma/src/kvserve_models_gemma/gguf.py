@@ -11,6 +11,7 @@ class Gemma2GGUF(GGUFArchitecture):
     """``"gemma2"``: RMSNorm gains stored as ``1 + weight``, restored."""
 
     name = "gemma2"
+    model_has_hf_names = True
 
     def fix_tensor(self, hf_name: str, weight: torch.Tensor, hf_config) -> torch.Tensor:
         """Subtract the 1 llama.cpp adds to every RMSNorm gain (its kernel has no offset; HF's Gemma

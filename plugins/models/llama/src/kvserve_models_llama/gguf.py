@@ -15,6 +15,7 @@ class LlamaGGUF(GGUFArchitecture):
     """``"llama"`` (Llama, Mistral): the q/k rows llama.cpp permuted, restored to HF order."""
 
     name = "llama"
+    model_has_hf_names = True
 
     def fix_tensor(self, hf_name: str, weight: torch.Tensor, hf_config) -> torch.Tensor:
         """Undo llama.cpp's q/k row permutation (weights and biases); other tensors pass through.
@@ -36,9 +37,11 @@ class Qwen2GGUF(GGUFArchitecture):
     """``"qwen2"``: written as HF has it."""
 
     name = "qwen2"
+    model_has_hf_names = True
 
 
 class Qwen3GGUF(GGUFArchitecture):
     """``"qwen3"``: written as HF has it."""
 
     name = "qwen3"
+    model_has_hf_names = True
