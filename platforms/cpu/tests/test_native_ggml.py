@@ -9,7 +9,8 @@
   to float32 equal gguf-py's exactly, and the products equal the float64 product of those weights and
   the rows up to float32 summation.
 
-``apply_ggml`` picks between them by dtype, rows and type, and the path is selectable."""
+``apply_ggml`` (one ``ggml_layer`` op a layer) picks between them per part by dtype, rows and type, puts a
+fused layer's parts side by side, and the path is selectable."""
 
 import gguf
 import numpy as np
@@ -203,12 +204,13 @@ def test_the_path_is_selectable():
     data = torch.from_numpy(blocks.reshape(-1))
     fresh.ggml_path = "portable"
     ops = torch.ops.kvserve_cpu_ggml
+    parts = (("Q8_0", 16),)
     x = torch.randn(1, 64, generator=torch.Generator().manual_seed(8)).bfloat16()
-    assert torch.equal(fresh.apply_ggml(x, data, "Q8_0", 16), ops.ggml_linear(x, data, 8, 16, False))
+    assert torch.equal(fresh.apply_ggml(x, data, parts), ops.ggml_linear(x, data, 8, 16, False))
     x = torch.randn(5, 64, generator=torch.Generator().manual_seed(9)).bfloat16()
-    assert torch.equal(fresh.apply_ggml(x, data, "Q8_0", 16), ops.ggml_tiled_linear(x, data, 8, 16, False))
+    assert torch.equal(fresh.apply_ggml(x, data, parts), ops.ggml_tiled_linear(x, data, 8, 16, False).bfloat16())
     x = x.float()
-    assert torch.equal(fresh.apply_ggml(x, data, "Q8_0", 16), ops.ggml_tiled_linear(x, data, 8, 16, False))
+    assert torch.equal(fresh.apply_ggml(x, data, parts), ops.ggml_tiled_linear(x, data, 8, 16, False))
 
 
 def test_apply_ggml_picks_integer_dots_for_few_rows_and_tiles_for_more():
@@ -220,15 +222,39 @@ def test_apply_ggml_picks_integer_dots_for_few_rows_and_tiles_for_more():
     blocks, _ = weight_blocks("Q4_1", 32, 256, seed=5)
     data = torch.from_numpy(blocks.reshape(-1))
     x = torch.randn(dot_rows + 1, 256, generator=torch.Generator().manual_seed(6)).bfloat16()
-    few, more = kernel.apply_ggml(x[:dot_rows], data, "Q4_1", 32), kernel.apply_ggml(x, data, "Q4_1", 32)
+    parts = (("Q4_1", 32),)
+    few, more = kernel.apply_ggml(x[:dot_rows], data, parts), kernel.apply_ggml(x, data, parts)
     assert torch.equal(few, ops.ggml_linear(x[:dot_rows], data, 3, 32, VNNI))
-    assert torch.equal(more, ops.ggml_tiled_linear(x, data, 3, 32, BF16))
+    assert torch.equal(more, ops.ggml_tiled_linear(x, data, 3, 32, BF16).bfloat16())
     k_blocks = torch.from_numpy(random_blocks("Q4_K", 32, 256, seed=1).reshape(-1))
-    assert torch.equal(
-        kernel.apply_ggml(x[:1], k_blocks, "Q4_K", 32), ops.ggml_tiled_linear(x[:1], k_blocks, 12, 32, BF16)
-    )
+    k_tiled = ops.ggml_tiled_linear(x[:1], k_blocks, 12, 32, BF16).bfloat16()
+    assert torch.equal(kernel.apply_ggml(x[:1], k_blocks, (("Q4_K", 32),)), k_tiled)
     row = x[:1].float()
-    assert torch.equal(kernel.apply_ggml(row, data, "Q4_1", 32), ops.ggml_tiled_linear(row, data, 3, 32, AVX512))
+    assert torch.equal(kernel.apply_ggml(row, data, parts), ops.ggml_tiled_linear(row, data, 3, 32, AVX512))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_layers_parts_come_side_by_side_each_on_its_own_path(dtype):
+    """Gemma's fused q/k/v: Q5_0 then Q8_0 parts, here with a Q4_K one too. One call gives each part's own
+    product in its columns: the integer dots for one bfloat16 row of the 32-weight types, tiles for the
+    K-quant and for more rows or float32 rows, each as that op alone gives it, in the rows' dtype."""
+    ops = torch.ops.kvserve_cpu_ggml
+    types, sizes = ["Q5_0", "Q8_0", "Q4_K"], [48, 16, 24]
+    shards = [torch.from_numpy(random_blocks(t, n, 256, seed=n).reshape(-1)) for t, n in zip(types, sizes, strict=True)]
+    data, parts = torch.cat(shards), tuple(zip(types, sizes, strict=True))
+    for rows in (1, 5):
+        x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(rows)).to(dtype)
+        y = kernel.apply_ggml(x, data, parts)
+        assert y.shape == (rows, sum(sizes)) and y.dtype == dtype
+        for (ggml_type, n), blocks, column in zip(parts, shards, (0, 48, 64), strict=True):
+            type_id = native_linear.GGML_TYPE_IDS[ggml_type]
+            if dtype == torch.bfloat16 and rows == 1 and ggml_type != "Q4_K":
+                alone = ops.ggml_linear(x, blocks, type_id, n, VNNI)
+            else:
+                alone = ops.ggml_tiled_linear(x, blocks, type_id, n, AVX512 if dtype == torch.float32 else BF16)
+            assert torch.equal(y[:, column : column + n], alone.to(dtype)), f"{ggml_type}, {rows} rows"
+    with pytest.raises(RuntimeError, match="blocks must be contiguous uint8 of"):
+        kernel.apply_ggml(x, data[:-1], parts)
 
 
 def test_apply_ggml_takes_activations_of_any_float_dtype():
@@ -236,7 +262,7 @@ def test_apply_ggml_takes_activations_of_any_float_dtype():
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
         for rows in (1, 5):
             x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(6)).to(dtype)
-            y = kernel.apply_ggml(x, torch.from_numpy(blocks.reshape(-1)), "Q4_1", 32)
-            assert y.dtype in (torch.float32, dtype) and y.shape == (rows, 32)
+            y = kernel.apply_ggml(x, torch.from_numpy(blocks.reshape(-1)), (("Q4_1", 32),))
+            assert y.dtype == dtype and y.shape == (rows, 32)
             exact = x.double().numpy() @ dense.T
             assert np.linalg.norm(y.double().numpy() - exact) / np.linalg.norm(exact) < 0.02

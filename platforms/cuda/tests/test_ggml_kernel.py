@@ -51,7 +51,8 @@ def check(ggml_type: str, rows: int, dtype: torch.dtype, out_features: int = OUT
     in_features = K_IN_FEATURES if ggml_type in K_TYPES else IN_FEATURES
     blocks, weight = quantized(ggml_type, out_features, in_features, seed)
     x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(seed + 1)).to(dtype)
-    y = TritonGGMLKernel().apply_ggml(x.to(DEVICE), blocks, ggml_type, out_features)
+    assert ggml_type in TritonGGMLKernel().ggml_types  # registers the op
+    y = torch.ops.kvserve_cuda_ggml.ggml_linear(x.to(DEVICE), blocks, ggml_type, out_features)
     assert y.shape == (rows, out_features) and y.dtype == torch.float32, f"{tuple(y.shape)} {y.dtype}"
     # The kernel multiplies the weight rounded to x's dtype, as F.linear on the dequantized weight
     # would, accumulating in float32: against that the float64 product differs by float32 rounding.
@@ -110,7 +111,9 @@ def test_wrong_sized_blocks_are_refused():
     """Blocks that are not ``out_features`` rows of the type are a ValueError, not a read past the end."""
     blocks, _ = quantized("Q8_0", 4, 64, seed=0)
     with pytest.raises(ValueError, match="are not 5 rows of 64 weights"):
-        TritonGGMLKernel().apply_ggml(torch.zeros(1, 64, device=DEVICE), blocks, "Q8_0", 5)
+        TritonGGMLKernel().apply_ggml(torch.zeros(1, 64, device=DEVICE), blocks, (("Q8_0", 5),))
+    with pytest.raises(ValueError, match="where the parts"):
+        TritonGGMLKernel().apply_ggml(torch.zeros(1, 64, device=DEVICE), blocks, (("Q8_0", 3),))
 
 
 def test_kernel_offers_the_block_types_and_packs_no_dense_weight():

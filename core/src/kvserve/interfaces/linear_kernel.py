@@ -75,12 +75,13 @@ class LinearKernel(ABC):
         rule as :meth:`apply`: one opaque op with a fake implementation."""
         raise NotImplementedError(f"{type(self).__name__} packs no quantized weights")
 
-    def apply_ggml(self, x: torch.Tensor, blocks: torch.Tensor, ggml_type: str, out_features: int) -> torch.Tensor:
-        """``x @ W.T`` for rows ``x`` ``[M, in_features]`` and a weight ``[out_features, in_features]`` held
-        as a GGUF holds it: ``blocks`` is the flat uint8 of its GGML blocks of ``ggml_type`` (one of
-        :attr:`ggml_types`), row after row. A kernel may quantize 16-bit activations per block as
-        llama.cpp does (integer dot products), so the result approximates the dequantized product;
-        float32 rows it multiplies as they are by the dequantized float32 weight (the dequantized
-        product up to the order of the sums). A new ``[M, out_features]`` tensor in float32 or in
-        ``x``'s dtype (the caller casts to ``x``'s)."""
+    def apply_ggml(self, x: torch.Tensor, blocks: torch.Tensor, parts: tuple[tuple[str, int], ...]) -> torch.Tensor:
+        """``x @ W.T`` for rows ``x`` ``[M, in_features]`` and a layer's weight ``[out_features, in_features]``
+        held as a GGUF holds it, in parts: ``parts`` are ``(ggml_type, out_features)`` in order (a fused
+        layer's shards, each of a type in :attr:`ggml_types`), ``blocks`` the flat uint8 of their GGML blocks,
+        part after part, row after row. A kernel may quantize 16-bit activations per block as llama.cpp
+        does (integer dot products), so the result approximates the dequantized product; float32 rows it
+        multiplies as they are by the dequantized float32 weight (the dequantized product up to the order
+        of the sums). A new ``[M, sum of the parts' out_features]`` tensor in ``x``'s dtype; called once
+        per layer and step, so it should cost one op (a compiled graph's one opaque op)."""
         raise NotImplementedError(f"{type(self).__name__} multiplies no GGML blocks")

@@ -53,8 +53,6 @@ GGML_LIBRARY = "kvserve_cpu_ggml"
 GGML_SOURCES = (Path(__file__).parent / "csrc" / "ggml.cpp",)
 GGML_TYPE_IDS = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
 """The GGML types ``csrc/ggml.cpp`` multiplies (its tiles), by gguf's name -> ggml's type id."""
-GGML_DOT_TYPES = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"})
-"""The types its integer dot products (``ggml_linear``) also multiply, for single rows."""
 
 
 class NativeLinearKernel(LinearKernel):
@@ -74,6 +72,8 @@ class NativeLinearKernel(LinearKernel):
         self.name = ops.isa()
         """The instruction set the products run on, ``avx512`` or ``avx2``; ``avx512+amx`` once it has
         packed a weight that runs on AMX tiles (bfloat16 whose sizes fill them)."""
+        self._ggml_part_ids: dict[tuple[tuple[str, int], ...], tuple[list[int], list[int]]] = {}
+        """A GGUF layer's parts as ``ggml_layer`` takes them (type ids, out_features), worked out once per shape."""
 
     def pack(self, weight: torch.Tensor) -> torch.Tensor | None:
         if weight.dtype not in self.dtypes:
@@ -125,35 +125,26 @@ class NativeLinearKernel(LinearKernel):
         return frozenset(GGML_TYPE_IDS)
 
     @functools.cached_property
-    def _ggml_build(self) -> tuple[int, bool, bool, bool]:
-        """What ``csrc/ggml.cpp``'s build runs, asked once: the rows up to which single-row types take the
-        integer dots, and whether it has the AVX-512 VNNI, the AVX512-BF16 and the AVX-512 (float32 tiles) paths."""
-        ops = torch.ops.kvserve_cpu_ggml
-        return ops.ggml_dot_rows(), ops.has_vnni(), ops.has_bf16(), ops.has_avx512()
-
-    @functools.cached_property
     def ggml_path(self) -> str:
         """``avx512`` where the build has AVX-512 (each op takes its instructions where the build has
         them, its portable loop otherwise), else ``portable``; assign ``"portable"`` to run the portable
         loops on such a CPU (the tests compare both)."""
-        _, vnni, bf16, avx512 = self._ggml_build
-        return "avx512" if vnni or bf16 or avx512 else "portable"
+        ops = torch.ops.kvserve_cpu_ggml
+        return "avx512" if ops.has_vnni() or ops.has_bf16() or ops.has_avx512() else "portable"
 
-    def apply_ggml(self, x: torch.Tensor, blocks: torch.Tensor, ggml_type: str, out_features: int) -> torch.Tensor:
-        """float32 rows on tiles dequantized to float32 (the activations as they are: the dense float32
-        product up to the order of the sums; the result in float32). bfloat16 and float16 rows: up to
-        ``ggml_dot_rows`` rows of Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0 on integer dots (``x`` quantized per
-        block to int8; the result in ``x``'s dtype); more rows and the K-quants on tiles dequantized to
-        bfloat16, times ``x`` in bfloat16 (float16 rows are rounded to it; the result in float32)."""
-        dot_rows, vnni, bf16, avx512 = self._ggml_build
-        simd = self.ggml_path == "avx512"
-        type_id = GGML_TYPE_IDS[ggml_type]
-        op = torch.ops.kvserve_cpu_ggml.ggml_tiled_linear.default
-        if x.dtype == torch.float32:
-            return op(x, blocks, type_id, out_features, simd and avx512)
-        if x.shape[0] <= dot_rows and ggml_type in GGML_DOT_TYPES:
-            return torch.ops.kvserve_cpu_ggml.ggml_linear.default(x, blocks, type_id, out_features, simd and vnni)
-        return op(x.to(torch.bfloat16), blocks, type_id, out_features, simd and bf16)
+    def apply_ggml(self, x: torch.Tensor, blocks: torch.Tensor, parts: tuple[tuple[str, int], ...]) -> torch.Tensor:
+        """One ``ggml_layer`` op, which picks a path per part: float32 rows on tiles dequantized to float32
+        (the activations as they are: the dense float32 product up to the order of the sums). bfloat16 and
+        float16 rows: up to ``ggml_dot_rows`` rows of Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0 on integer dots (``x``
+        quantized per block to int8); more rows and the K-quants on tiles dequantized to bfloat16, times
+        ``x`` in bfloat16 (float16 rows are rounded to it). The result in ``x``'s dtype."""
+        ids = self._ggml_part_ids.get(parts)
+        if ids is None:
+            ids = self._ggml_part_ids[parts] = (
+                [GGML_TYPE_IDS[ggml_type] for ggml_type, _ in parts],
+                [out_features for _, out_features in parts],
+            )
+        return torch.ops.kvserve_cpu_ggml.ggml_layer.default(x, blocks, *ids, self.ggml_path == "avx512")
 
 
 @functools.cache
@@ -180,6 +171,10 @@ def _register_ggml_fake() -> None:
     @torch.library.register_fake(f"{GGML_LIBRARY}::ggml_tiled_linear")
     def _(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, out_features: int, simd: bool) -> torch.Tensor:
         return x.new_empty((x.shape[0], out_features), dtype=torch.float32)
+
+    @torch.library.register_fake(f"{GGML_LIBRARY}::ggml_layer")
+    def _(x: torch.Tensor, blocks: torch.Tensor, ggml_types: list[int], out_features: list[int], simd: bool):
+        return x.new_empty((x.shape[0], sum(out_features)))
 
 
 def native_linear_kernel(fallback: LinearKernel | None) -> LinearKernel | None:

@@ -1,5 +1,6 @@
-// GGUF weights kept in llama.cpp's GGML blocks, multiplied by rows of activations in two ways (the caller
-// picks by the number of rows, up to `ggml_dot_rows` on the first, and by type; float32 rows take the second):
+// GGUF weights kept in llama.cpp's GGML blocks, multiplied by rows of activations in two ways; `ggml_layer`, a
+// layer's one call, picks per part by the number of rows (up to `ggml_dot_rows` on the first) and by type, and
+// float32 rows always take the second:
 //
 // - `ggml_linear`, a decode step's few rows: activations quantized as llama.cpp quantizes them, per 32-weight block
 //   to int8 with one float scale (its Q8_0/Q8_1), so a block's product is an integer dot of 32 bytes scaled
@@ -304,7 +305,8 @@ bool has_vnni() {
 }
 
 template <typename T>
-void dot_rows(const T* x, int64_t M, int64_t K, const uint8_t* w, int64_t type, int64_t N, bool vnni, T* y) {
+void dot_rows(const T* x, int64_t M, int64_t K, const uint8_t* w, int64_t type, int64_t N, bool vnni, T* y,
+              int64_t ldy) {
   const int64_t nblocks = K / kBlock, row_bytes = nblocks * block_bytes(type);
   std::vector<ActBlock> act(M * nblocks);
   // A decode step's one row is quantized on the calling thread: a parallel region costs more than its 18-48 blocks.
@@ -336,7 +338,7 @@ void dot_rows(const T* x, int64_t M, int64_t K, const uint8_t* w, int64_t type, 
       for (int64_t n = 0; n < features; ++n)
         s[m * features + n] = dot_portable(type, wt + n * row_bytes, a + m * nblocks, nblocks);
     for (int64_t m = 0; m < M; ++m)
-      for (int64_t n = 0; n < features; ++n) y[m * N + begin + n] = static_cast<T>(s[m * features + n]);
+      for (int64_t n = 0; n < features; ++n) y[m * ldy + begin + n] = static_cast<T>(s[m * features + n]);
   });
 }
 
@@ -356,7 +358,7 @@ at::Tensor ggml_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t ty
   at::Tensor out = at::empty({M, N}, rows.options());
   const uint8_t* w = blocks.data_ptr<uint8_t>();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, rows.scalar_type(), "ggml_linear", [&] {
-    dot_rows(rows.data_ptr<scalar_t>(), M, K, w, type, N, vnni, out.data_ptr<scalar_t>());
+    dot_rows(rows.data_ptr<scalar_t>(), M, K, w, type, N, vnni, out.data_ptr<scalar_t>(), N);
   });
   return out;
 }
@@ -945,11 +947,64 @@ at::Tensor ggml_tiled_linear(const at::Tensor& x, const at::Tensor& blocks, int6
   return out;
 }
 
+// A layer's product, the path picked per part as the header says: `types` and `out_features` are its parts
+// in order (a fused layer's shards, neighbours of one type merged), their blocks one after another in
+// `blocks`; returns [M, sum(out_features)] in x's dtype. One call a layer, so a decode step pays one
+// dispatch per layer and no concatenation. `simd`: each path's instructions where the build has them.
+at::Tensor ggml_layer(const at::Tensor& x, const at::Tensor& blocks, at::IntArrayRef types,
+                      at::IntArrayRef out_features, bool simd) {
+  TORCH_CHECK(x.dim() == 2, "ggml_layer: x must be [M, K]");
+  TORCH_CHECK(!types.empty() && types.size() == out_features.size(),
+              "ggml_layer: one GGML type per part's out_features");
+  const at::Tensor rows = x.contiguous();
+  const int64_t M = rows.size(0), K = rows.size(1);
+  const bool f32 = rows.scalar_type() == at::kFloat;
+  const bool dots = !f32 && M <= kDotRows;
+  int64_t total = 0, bytes = 0;
+  for (size_t i = 0; i < types.size(); ++i) {
+    TORCH_CHECK(block_bytes(types[i]) > 0, "ggml_layer: GGML type ", types[i], " is not multiplied here");
+    TORCH_CHECK(K % block_weights(types[i]) == 0, "ggml_layer: in_features ", K, " is not a multiple of ",
+                block_weights(types[i]));
+    total += out_features[i];
+    bytes += out_features[i] * (K / block_weights(types[i]) * block_bytes(types[i]));
+  }
+  TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.is_contiguous() && blocks.numel() == bytes,
+              "ggml_layer: blocks must be contiguous uint8 of ", bytes, " bytes");
+  // bfloat16 and float16 rows tile in bfloat16, float32 ones as they are.
+  const auto tiled = [&](int64_t type, int64_t N, int64_t offset, int64_t part_bytes) {
+    return ggml_tiled_linear(f32 ? rows : rows.to(at::kBFloat16), blocks.narrow(0, offset, part_bytes), type, N,
+                             simd && (f32 ? has_avx512() : has_bf16()));
+  };
+  if (types.size() == 1 && !(dots && takes_dots(types[0]))) {
+    const at::Tensor y = tiled(types[0], total, 0, bytes);
+    return f32 ? y : y.to(rows.scalar_type());
+  }
+  at::Tensor out = at::empty({M, total}, rows.options());
+  int64_t column = 0, offset = 0;
+  for (size_t i = 0; i < types.size(); ++i) {
+    const int64_t type = types[i], N = out_features[i];
+    const int64_t part_bytes = N * (K / block_weights(type) * block_bytes(type));
+    if (dots && takes_dots(type)) {
+      const uint8_t* w = blocks.data_ptr<uint8_t>() + offset;
+      AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, rows.scalar_type(), "ggml_layer", [&] {
+        dot_rows(rows.data_ptr<scalar_t>(), M, K, w, type, N, simd && has_vnni(), out.data_ptr<scalar_t>() + column,
+                 total);
+      });
+    } else {
+      out.narrow(1, column, N).copy_(tiled(type, N, offset, part_bytes));
+    }
+    column += N;
+    offset += part_bytes;
+  }
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(kvserve_cpu_ggml, m) {
   m.def("ggml_linear(Tensor x, Tensor blocks, int ggml_type, int out_features, bool vnni) -> Tensor");
   m.def("ggml_tiled_linear(Tensor x, Tensor blocks, int ggml_type, int out_features, bool simd) -> Tensor");
+  m.def("ggml_layer(Tensor x, Tensor blocks, int[] ggml_types, int[] out_features, bool simd) -> Tensor");
   m.def("has_vnni() -> bool", &has_vnni);
   m.def("has_bf16() -> bool", &has_bf16);
   m.def("has_avx512() -> bool", &has_avx512);
@@ -959,4 +1014,5 @@ TORCH_LIBRARY(kvserve_cpu_ggml, m) {
 TORCH_LIBRARY_IMPL(kvserve_cpu_ggml, CPU, m) {
   m.impl("ggml_linear", &ggml_linear);
   m.impl("ggml_tiled_linear", &ggml_tiled_linear);
+  m.impl("ggml_layer", &ggml_layer);
 }

@@ -31,6 +31,8 @@ class TritonGGMLKernel(LinearKernel):
                 raise
             logger.warning("triton is not installed: GGUF layers dequantize their weight every call")
             return frozenset()
+        self._block_sizes = {name: (weights, size) for name, (_, weights, size) in TYPES.items()}
+        """Weights and bytes per block of each type, to find each part's blocks."""
         return frozenset(TYPES)
 
     def pack(self, weight: torch.Tensor) -> torch.Tensor | None:
@@ -41,11 +43,21 @@ class TritonGGMLKernel(LinearKernel):
         """Never reached: :meth:`pack` packs no weight."""
         raise NotImplementedError(f"{type(self).__name__} packs no dense weights")
 
-    def apply_ggml(self, x: torch.Tensor, blocks: torch.Tensor, ggml_type: str, out_features: int) -> torch.Tensor:
-        """The dequantize-GEMM on ``x`` as it is (bfloat16 and float16 on the tensor cores, the weight's
-        tiles rounded to that dtype as the dequantized weight would be); float32 ``[M, out_features]``."""
+    def apply_ggml(self, x: torch.Tensor, blocks: torch.Tensor, parts: tuple[tuple[str, int], ...]) -> torch.Tensor:
+        """The dequantize-GEMM per part on ``x`` as it is (bfloat16 and float16 on the tensor cores, the
+        weight's tiles rounded to that dtype as the dequantized weight would be), accumulated in float32,
+        the parts side by side in ``x``'s dtype."""
         # asking ggml_types loads the op where no one has yet (at load use_linear_kernel has: a compiled
         # forward finds it cached, a plain attribute then, which dynamo traces)
-        if ggml_type not in self.ggml_types:
-            raise ValueError(f"{type(self).__name__} multiplies {sorted(self.ggml_types)} blocks, not {ggml_type}")
-        return torch.ops.kvserve_cuda_ggml.ggml_linear.default(x, blocks, ggml_type, out_features)
+        outputs, offset = [], 0
+        for ggml_type, out_features in parts:
+            if ggml_type not in self.ggml_types:
+                raise ValueError(f"{type(self).__name__} multiplies {sorted(self.ggml_types)} blocks, not {ggml_type}")
+            block_weights, block_bytes = self._block_sizes[ggml_type]
+            size = out_features * (x.shape[-1] // block_weights) * block_bytes
+            part = blocks[offset : offset + size]
+            outputs.append(torch.ops.kvserve_cuda_ggml.ggml_linear.default(x, part, ggml_type, out_features))
+            offset += size
+        if offset != blocks.numel():
+            raise ValueError(f"GGML blocks: {blocks.numel()} bytes, where the parts {parts} hold {offset}")
+        return (outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-1)).to(x.dtype)

@@ -88,9 +88,10 @@ class GGUFLinearMethod(QuantizationMethod):
         layer.add_param(PARAM, blocks, ParamLoading(shard_offsets=tuple(offsets), shard_groups=groups))
         layer.ggml_shards = list(zip(formats, output_sizes, offsets[:-1], offsets[1:], strict=True))
         """Per shard: its format, output features (the rank's) and byte range in ``qweight``."""
-        layer.ggml_runs = _runs(layer.ggml_shards)
-        """The shards merged where neighbours share a format (their blocks are contiguous): one kernel
-        call each, so SmolLM2's all-Q4_1 q/k/v is one product, Gemma's Q5_0 q/k + Q8_0 v two."""
+        layer.ggml_parts = _parts(layer.ggml_shards)
+        """What the kernel multiplies (``LinearKernel.apply_ggml``): the shards as ``(ggml_type, out_features)``,
+        neighbours of one type merged (their blocks are contiguous), so SmolLM2's all-Q4_1 q/k/v is one
+        product, Gemma's Q5_0 q/k + Q8_0 v two parts of one call."""
         layer.ggml_kernel = None
         """The platform's LinearKernel where it multiplies every shard's type (:meth:`use_linear_kernel`)."""
 
@@ -128,22 +129,18 @@ class GGUFLinearMethod(QuantizationMethod):
         dtype for this call only."""
         if layer.ggml_kernel is None:
             return F.linear(x, self.dequantize(layer, x.dtype), bias)
-        rows = x.reshape(-1, x.shape[-1])
-        kernel = layer.ggml_kernel
-        parts = [kernel.apply_ggml(rows, layer.qweight[a:b], fmt.name, n) for fmt, n, a, b in layer.ggml_runs]
-        y = (parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)).to(x.dtype)
+        y = layer.ggml_kernel.apply_ggml(x.reshape(-1, x.shape[-1]), layer.qweight, layer.ggml_parts)
         y = y.view(*x.shape[:-1], -1)
         return y if bias is None else y + bias
 
 
-def _runs(shards: list[tuple[BlockFormat, int, int, int]]) -> list[tuple[BlockFormat, int, int, int]]:
-    """``shards`` (format, output features, byte range) with each neighbour of the same format folded into
-    the one before it."""
-    runs = [shards[0]]
-    for fmt, rows, start, stop in shards[1:]:
-        last_fmt, last_rows, last_start, _ = runs[-1]
-        if fmt is last_fmt:
-            runs[-1] = (fmt, last_rows + rows, last_start, stop)
+def _parts(shards: list[tuple[BlockFormat, int, int, int]]) -> tuple[tuple[str, int], ...]:
+    """``shards`` (format, output features, byte range) as ``(ggml_type, out_features)``, each neighbour of
+    the same format folded into the one before it."""
+    parts = [(shards[0][0].name, shards[0][1])]
+    for fmt, rows, _, _ in shards[1:]:
+        if fmt.name == parts[-1][0]:
+            parts[-1] = (fmt.name, parts[-1][1] + rows)
         else:
-            runs.append((fmt, rows, start, stop))
-    return runs
+            parts.append((fmt.name, rows))
+    return tuple(parts)
