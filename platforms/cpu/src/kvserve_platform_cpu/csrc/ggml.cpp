@@ -490,9 +490,11 @@ void dequantize_tile(int64_t type, const uint8_t* w, int64_t count, float* out) 
 
 #if defined(KVSERVE_AVX512)
 // The same values on AVX-512, in float32 (exactly the scalar loops' products and sums, in the same order) or
-// straight to bfloat16 (below). Q8_0 and Q6_K widen 32 quants to two float32 vectors and scale them; the 4- and
-// 5-bit blocks (Q4_K's and Q5_K's sub-blocks too) compute their 16 or 32 levels and look them up by the quants,
-// which costs less than widening and scaling each of the 32 weights.
+// straight to bfloat16. Q8_0 and Q6_K widen 32 quants to two float32 vectors and scale them; the 4- and 5-bit
+// blocks (Q4_K's and Q5_K's sub-blocks too) compute their 16 or 32 levels and look them up by the quants, which
+// costs less than widening and scaling each of the 32 weights. Each type's unpacking is written once, for both
+// dtypes: it hands every 32 weights to a `Store` (StoreF32, StoreBf16), as `values` (the two float32 vectors) or
+// to `lookup` (the quants as bytes and the levels v0, v1 they index).
 
 // A float16 field by F16C's vcvtph2ps (exact, as c10's bit manipulation in half_at, in one instruction).
 inline float half_f16c(const uint8_t* p) {
@@ -518,16 +520,43 @@ inline __m512 levels(int first) {
                                              _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)));
 }
 
-// 32 quants (bytes below 16, or below 32 with `v1`) to their float32 levels: v0 holds levels 0-15, v1 16-31.
-inline void lookup_f32(__m256i q, __m512 v0, __m512 v1, bool five_bit, float* out) {
-  const __m512i lo = _mm512_cvtepu8_epi32(_mm256_castsi256_si128(q));
-  const __m512i hi = _mm512_cvtepu8_epi32(_mm256_extracti128_si256(q, 1));
-  _mm512_storeu_ps(out, five_bit ? _mm512_permutex2var_ps(v0, lo, v1) : _mm512_permutexvar_ps(lo, v0));
-  _mm512_storeu_ps(out + 16, five_bit ? _mm512_permutex2var_ps(v0, hi, v1) : _mm512_permutexvar_ps(hi, v0));
-}
+// float32 tiles: 32 weights stored as they are, or looked up in their float32 levels.
+struct StoreF32 {
+  using Out = float;
+  // Elements 0-15 and 16-31.
+  static void values(__m512 lo, __m512 hi, float* out) {
+    _mm512_storeu_ps(out, lo);
+    _mm512_storeu_ps(out + 16, hi);
+  }
+  // 32 quants (bytes below 16, or below 32 with kFifthBit) to their levels: v0 holds levels 0-15, v1 16-31.
+  template <bool kFifthBit>
+  static void lookup(__m256i q, __m512 v0, __m512 v1, float* out) {
+    const __m512i lo = _mm512_cvtepu8_epi32(_mm256_castsi256_si128(q));
+    const __m512i hi = _mm512_cvtepu8_epi32(_mm256_extracti128_si256(q, 1));
+    _mm512_storeu_ps(out, kFifthBit ? _mm512_permutex2var_ps(v0, lo, v1) : _mm512_permutexvar_ps(lo, v0));
+    _mm512_storeu_ps(out + 16, kFifthBit ? _mm512_permutex2var_ps(v0, hi, v1) : _mm512_permutexvar_ps(hi, v0));
+  }
+};
 
-template <bool kOffset, bool kFifthBit>
-inline void dequantize_q4_q5_avx512(const uint8_t* w, float* out) {
+#if defined(KVSERVE_BF16)
+// bfloat16 tiles: the same, rounded to nearest even by vcvtne2ps2bf16 / vcvtneps2bf16; the 4- and 5-bit levels
+// are rounded before the lookup (vpermw on 16-bit lanes).
+struct StoreBf16 {
+  using Out = uint16_t;
+  static void values(__m512 lo, __m512 hi, uint16_t* out) {
+    _mm512_storeu_si512(out, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+  }
+  template <bool kFifthBit>
+  static void lookup(__m256i q, __m512 v0, __m512 v1, uint16_t* out) {
+    const __m512i table = kFifthBit ? (__m512i)_mm512_cvtne2ps_pbh(v1, v0)
+                                    : _mm512_castsi256_si512((__m256i)_mm512_cvtneps_pbh(v0));
+    _mm512_storeu_si512(out, _mm512_permutexvar_epi16(_mm512_cvtepu8_epi16(q), table));
+  }
+};
+#endif
+
+template <typename Store, bool kOffset, bool kFifthBit>
+inline void dequantize_q4_q5_avx512(const uint8_t* w, typename Store::Out* out) {
   const __m512 d = _mm512_set1_ps(half_f16c(w));
   const __m512 m = _mm512_set1_ps(kOffset ? half_f16c(w + 2) : 0.f);
   const uint8_t* p = w + (kOffset ? 4 : 2);
@@ -546,14 +575,16 @@ inline void dequantize_q4_q5_avx512(const uint8_t* w, float* out) {
   } else {
     q = nibbles(p);
   }
-  lookup_f32(q, v0, v1, kFifthBit, out);
+  Store::template lookup<kFifthBit>(q, v0, v1, out);
 }
 
-inline void dequantize_q8_0_avx512(const uint8_t* w, float* out) {
+template <typename Store>
+inline void dequantize_q8_0_avx512(const uint8_t* w, typename Store::Out* out) {
   const __m512 d = _mm512_set1_ps(half_f16c(w));
   const __m128i* q = reinterpret_cast<const __m128i*>(w + 2);
-  _mm512_storeu_ps(out, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q))), d));
-  _mm512_storeu_ps(out + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q + 1))), d));
+  const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q)));
+  const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q + 1)));
+  Store::values(_mm512_mul_ps(lo, d), _mm512_mul_ps(hi, d), out);
 }
 
 // A Q4_K / Q5_K sub-block's 6-bit scale and min (the scalar loop's unpacking).
@@ -580,8 +611,9 @@ inline __m256i k_quants(const uint8_t* w, int s) {
   return q;
 }
 
-template <bool kFifthBit>
-inline void dequantize_k4_k5_avx512(const uint8_t* w, float* out) {
+// (bfloat16 without the fifth bit never reads v1, so the compiler drops it.)
+template <typename Store, bool kFifthBit>
+inline void dequantize_k4_k5_avx512(const uint8_t* w, typename Store::Out* out) {
   const float d = half_f16c(w), dmin = half_f16c(w + 2);
   for (int s = 0; s < 8; ++s) {
     int sc, mn;
@@ -589,7 +621,7 @@ inline void dequantize_k4_k5_avx512(const uint8_t* w, float* out) {
     const __m512 ds = _mm512_set1_ps(d * static_cast<float>(sc)), dm = _mm512_set1_ps(dmin * static_cast<float>(mn));
     const __m512 v0 = _mm512_sub_ps(_mm512_mul_ps(levels(0), ds), dm);
     const __m512 v1 = _mm512_sub_ps(_mm512_mul_ps(levels(16), ds), dm);
-    lookup_f32(k_quants<kFifthBit>(w, s), v0, v1, kFifthBit, out + 32 * s);
+    Store::template lookup<kFifthBit>(k_quants<kFifthBit>(w, s), v0, v1, out + 32 * s);
   }
 }
 
@@ -602,117 +634,32 @@ inline __m256i q6_k_quants(const uint8_t* w, int r) {
   return _mm256_or_si256(lo4, _mm256_slli_epi16(hi2, 4));
 }
 
-inline void dequantize_q6_k_avx512(const uint8_t* w, float* out) {
+template <typename Store>
+inline void dequantize_q6_k_avx512(const uint8_t* w, typename Store::Out* out) {
   const int8_t* scales = reinterpret_cast<const int8_t*>(w + 192);
   const float d = half_f16c(w + 208);
   for (int r = 0; r < 8; ++r) {
     const __m256i q = q6_k_quants(w, r);
     const __m512 d0 = _mm512_set1_ps(d * static_cast<float>(scales[2 * r]));
     const __m512 d1 = _mm512_set1_ps(d * static_cast<float>(scales[2 * r + 1]));
-    _mm512_storeu_ps(out + 32 * r, _mm512_mul_ps(d0, widen_u8(_mm256_castsi256_si128(q), 32)));
-    _mm512_storeu_ps(out + 32 * r + 16, _mm512_mul_ps(d1, widen_u8(_mm256_extracti128_si256(q, 1), 32)));
+    Store::values(_mm512_mul_ps(d0, widen_u8(_mm256_castsi256_si128(q), 32)),
+                  _mm512_mul_ps(d1, widen_u8(_mm256_extracti128_si256(q, 1), 32)), out + 32 * r);
   }
 }
 
-// `count` blocks of `type`, float32, equal to dequantize_tile's.
-void dequantize_tile_avx512(int64_t type, const uint8_t* w, int64_t count, float* out) {
+// `count` blocks of `type` by `Store`: float32 equal to dequantize_tile's (StoreF32), or bfloat16 (StoreBf16).
+template <typename Store>
+void dequantize_tile_avx512(int64_t type, const uint8_t* w, int64_t count, typename Store::Out* out) {
+  using T = typename Store::Out;
   switch (type) {
-    case kQ4_0: return dequantize_blocks<kQ4_0, float, dequantize_q4_q5_avx512<false, false>>(w, count, out);
-    case kQ4_1: return dequantize_blocks<kQ4_1, float, dequantize_q4_q5_avx512<true, false>>(w, count, out);
-    case kQ5_0: return dequantize_blocks<kQ5_0, float, dequantize_q4_q5_avx512<false, true>>(w, count, out);
-    case kQ5_1: return dequantize_blocks<kQ5_1, float, dequantize_q4_q5_avx512<true, true>>(w, count, out);
-    case kQ8_0: return dequantize_blocks<kQ8_0, float, dequantize_q8_0_avx512>(w, count, out);
-    case kQ4_K: return dequantize_blocks<kQ4_K, float, dequantize_k4_k5_avx512<false>>(w, count, out);
-    case kQ5_K: return dequantize_blocks<kQ5_K, float, dequantize_k4_k5_avx512<true>>(w, count, out);
-    default: return dequantize_blocks<kQ6_K, float, dequantize_q6_k_avx512>(w, count, out);
-  }
-}
-#endif
-
-#if defined(KVSERVE_BF16)
-// Straight to bfloat16, rounded to nearest even by vcvtne2ps2bf16 / vcvtneps2bf16; the 4- and 5-bit levels
-// are rounded before the lookup (vpermw on 16-bit lanes).
-
-inline void store_bf16(__m512 lo, __m512 hi, uint16_t* out) {
-  _mm512_storeu_si512(out, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
-}
-
-inline __m512i lookup_bf16(__m256i q, __m512i table) {
-  return _mm512_permutexvar_epi16(_mm512_cvtepu8_epi16(q), table);
-}
-
-template <bool kOffset, bool kFifthBit>
-inline void dequantize_q4_q5_bf16(const uint8_t* w, uint16_t* out) {
-  const __m512 d = _mm512_set1_ps(half_f16c(w));
-  const __m512 m = _mm512_set1_ps(kOffset ? half_f16c(w + 2) : 0.f);
-  const uint8_t* p = w + (kOffset ? 4 : 2);
-  const int bias = kOffset ? 0 : (kFifthBit ? 16 : 8);
-  __m512 v0 = _mm512_mul_ps(levels(-bias), d), v1 = _mm512_mul_ps(levels(16 - bias), d);
-  if (kOffset) {
-    v0 = _mm512_add_ps(v0, m);
-    v1 = _mm512_add_ps(v1, m);
-  }
-  __m256i q;
-  __m512i table;
-  if (kFifthBit) {
-    uint32_t qh;
-    std::memcpy(&qh, p, 4);
-    q = nibbles(p + 4);
-    q = _mm256_mask_add_epi8(q, qh, q, _mm256_set1_epi8(0x10));
-    table = (__m512i)_mm512_cvtne2ps_pbh(v1, v0);
-  } else {
-    q = nibbles(p);
-    table = _mm512_castsi256_si512((__m256i)_mm512_cvtneps_pbh(v0));
-  }
-  _mm512_storeu_si512(out, lookup_bf16(q, table));
-}
-
-inline void dequantize_q8_0_bf16(const uint8_t* w, uint16_t* out) {
-  const __m512 d = _mm512_set1_ps(half_f16c(w));
-  const __m128i* q = reinterpret_cast<const __m128i*>(w + 2);
-  const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q)));
-  const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q + 1)));
-  store_bf16(_mm512_mul_ps(lo, d), _mm512_mul_ps(hi, d), out);
-}
-
-template <bool kFifthBit>
-inline void dequantize_k4_k5_bf16(const uint8_t* w, uint16_t* out) {
-  const float d = half_f16c(w), dmin = half_f16c(w + 2);
-  for (int s = 0; s < 8; ++s) {
-    int sc, mn;
-    k_scale_min(w + 4, s, sc, mn);
-    const __m512 ds = _mm512_set1_ps(d * static_cast<float>(sc)), dm = _mm512_set1_ps(dmin * static_cast<float>(mn));
-    const __m512 v0 = _mm512_sub_ps(_mm512_mul_ps(levels(0), ds), dm);
-    const __m512i table = kFifthBit
-                              ? (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(_mm512_mul_ps(levels(16), ds), dm), v0)
-                              : _mm512_castsi256_si512((__m256i)_mm512_cvtneps_pbh(v0));
-    _mm512_storeu_si512(out + 32 * s, lookup_bf16(k_quants<kFifthBit>(w, s), table));
-  }
-}
-
-inline void dequantize_q6_k_bf16(const uint8_t* w, uint16_t* out) {
-  const int8_t* scales = reinterpret_cast<const int8_t*>(w + 192);
-  const float d = half_f16c(w + 208);
-  for (int r = 0; r < 8; ++r) {
-    const __m256i q = q6_k_quants(w, r);
-    const __m512 d0 = _mm512_set1_ps(d * static_cast<float>(scales[2 * r]));
-    const __m512 d1 = _mm512_set1_ps(d * static_cast<float>(scales[2 * r + 1]));
-    store_bf16(_mm512_mul_ps(d0, widen_u8(_mm256_castsi256_si128(q), 32)),
-               _mm512_mul_ps(d1, widen_u8(_mm256_extracti128_si256(q, 1), 32)), out + 32 * r);
-  }
-}
-
-// `count` blocks of `type`, in bfloat16.
-void dequantize_tile_bf16(int64_t type, const uint8_t* w, int64_t count, uint16_t* out) {
-  switch (type) {
-    case kQ4_0: return dequantize_blocks<kQ4_0, uint16_t, dequantize_q4_q5_bf16<false, false>>(w, count, out);
-    case kQ4_1: return dequantize_blocks<kQ4_1, uint16_t, dequantize_q4_q5_bf16<true, false>>(w, count, out);
-    case kQ5_0: return dequantize_blocks<kQ5_0, uint16_t, dequantize_q4_q5_bf16<false, true>>(w, count, out);
-    case kQ5_1: return dequantize_blocks<kQ5_1, uint16_t, dequantize_q4_q5_bf16<true, true>>(w, count, out);
-    case kQ8_0: return dequantize_blocks<kQ8_0, uint16_t, dequantize_q8_0_bf16>(w, count, out);
-    case kQ4_K: return dequantize_blocks<kQ4_K, uint16_t, dequantize_k4_k5_bf16<false>>(w, count, out);
-    case kQ5_K: return dequantize_blocks<kQ5_K, uint16_t, dequantize_k4_k5_bf16<true>>(w, count, out);
-    default: return dequantize_blocks<kQ6_K, uint16_t, dequantize_q6_k_bf16>(w, count, out);
+    case kQ4_0: return dequantize_blocks<kQ4_0, T, dequantize_q4_q5_avx512<Store, false, false>>(w, count, out);
+    case kQ4_1: return dequantize_blocks<kQ4_1, T, dequantize_q4_q5_avx512<Store, true, false>>(w, count, out);
+    case kQ5_0: return dequantize_blocks<kQ5_0, T, dequantize_q4_q5_avx512<Store, false, true>>(w, count, out);
+    case kQ5_1: return dequantize_blocks<kQ5_1, T, dequantize_q4_q5_avx512<Store, true, true>>(w, count, out);
+    case kQ8_0: return dequantize_blocks<kQ8_0, T, dequantize_q8_0_avx512<Store>>(w, count, out);
+    case kQ4_K: return dequantize_blocks<kQ4_K, T, dequantize_k4_k5_avx512<Store, false>>(w, count, out);
+    case kQ5_K: return dequantize_blocks<kQ5_K, T, dequantize_k4_k5_avx512<Store, true>>(w, count, out);
+    default: return dequantize_blocks<kQ6_K, T, dequantize_q6_k_avx512<Store>>(w, count, out);
   }
 }
 #endif
@@ -906,7 +853,7 @@ at::Tensor ggml_tiled_linear(const at::Tensor& x, const at::Tensor& blocks, int6
       float* tile_out = y + n0;
 #if defined(KVSERVE_BF16)
       if (bf16) {
-        dequantize_tile_bf16(type, tile_blocks, nt * K / block, tile_bf16.data());
+        dequantize_tile_avx512<StoreBf16>(type, tile_blocks, nt * K / block, tile_bf16.data());
         for (int64_t n = 0; n < nt; n += kNR) {
           const int64_t nr = std::min<int64_t>(kNR, nt - n);
           for (int64_t m = 0; m < M; m += kMR) {
@@ -920,7 +867,7 @@ at::Tensor ggml_tiled_linear(const at::Tensor& x, const at::Tensor& blocks, int6
       const MicroF32* micro = kMicroF32.data();
 #if defined(KVSERVE_AVX512)
       if (simd) {
-        dequantize_tile_avx512(type, tile_blocks, nt * K / block, tile.data());
+        dequantize_tile_avx512<StoreF32>(type, tile_blocks, nt * K / block, tile.data());
         micro = kMicroF32Avx512.data();
       } else
 #endif
