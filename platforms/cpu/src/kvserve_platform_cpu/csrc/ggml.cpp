@@ -415,6 +415,17 @@ inline void dequantize_q8_0(const uint8_t* w, float* out) {
   for (int i = 0; i < kBlock; ++i) out[i] = static_cast<float>(q[i]) * d;
 }
 
+// A Q4_K / Q5_K sub-block's 6-bit scale and min, from its super-block's 12 bytes at `scales` (both loops').
+inline void k_scale_min(const uint8_t* scales, int s, int& sc, int& mn) {
+  if (s < 4) {
+    sc = scales[s] & 0x3F;
+    mn = scales[s + 4] & 0x3F;
+  } else {
+    sc = (scales[s + 4] & 0x0F) | ((scales[s - 4] >> 2) & 0x30);
+    mn = (scales[s + 4] >> 4) | ((scales[s] >> 2) & 0x30);
+  }
+}
+
 // Q4_K / Q5_K: eight sub-blocks of 32, each with a 6-bit scale and min packed in 12 bytes; weight =
 // (d * sc) * q - dmin * m. Sub-block s's quants are the low (s even) or high nibbles of bytes 32 * (s / 2)...;
 // Q5_K's fifth bit of element l of sub-block s is bit s of qh[l].
@@ -427,13 +438,7 @@ inline void dequantize_k4_k5(const uint8_t* w, float* out) {
   const uint8_t* qs = w + (kFifthBit ? 48 : 16);
   for (int s = 0; s < 8; ++s) {
     int sc, mn;
-    if (s < 4) {
-      sc = scales[s] & 0x3F;
-      mn = scales[s + 4] & 0x3F;
-    } else {
-      sc = (scales[s + 4] & 0x0F) | ((scales[s - 4] >> 2) & 0x30);
-      mn = (scales[s + 4] >> 4) | ((scales[s] >> 2) & 0x30);
-    }
+    k_scale_min(scales, s, sc, mn);
     const float ds = d * static_cast<float>(sc), dm = dmin * static_cast<float>(mn);
     const uint8_t* q = qs + 32 * (s / 2);
     const int shift = 4 * (s & 1);
@@ -585,17 +590,6 @@ inline void dequantize_q8_0_avx512(const uint8_t* w, typename Store::Out* out) {
   const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q)));
   const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q + 1)));
   Store::values(_mm512_mul_ps(lo, d), _mm512_mul_ps(hi, d), out);
-}
-
-// A Q4_K / Q5_K sub-block's 6-bit scale and min (the scalar loop's unpacking).
-inline void k_scale_min(const uint8_t* scales, int s, int& sc, int& mn) {
-  if (s < 4) {
-    sc = scales[s] & 0x3F;
-    mn = scales[s + 4] & 0x3F;
-  } else {
-    sc = (scales[s + 4] & 0x0F) | ((scales[s - 4] >> 2) & 0x30);
-    mn = (scales[s + 4] >> 4) | ((scales[s] >> 2) & 0x30);
-  }
 }
 
 // Sub-block s's 32 quants of a Q4_K / Q5_K super-block, as bytes.
