@@ -106,17 +106,21 @@ def test_a_build_killed_midway_does_not_block_the_next_start(tmp_path):
 
 
 def test_each_version_of_the_sources_keeps_its_own_build(tmp_path, monkeypatch):
-    """Two checkouts of a plugin with different kernels must not rebuild over each other at every
-    start: the build folder follows the sources' and their headers' content, not their path."""
+    """Two checkouts of a plugin must not rebuild over each other at every start: torch's builder
+    writes the sources' paths into its ninja file, so the same kernel at two paths would rebuild at
+    each switch. The build folder follows the sources' and their headers' place and content."""
     monkeypatch.setenv("KVSERVE_NATIVE_CACHE", str(tmp_path / "cache"))
     first, second = tmp_path / "a" / "scale.cpp", tmp_path / "b" / "scale.cpp"
     for source in (first, second):
         source.parent.mkdir()
         source.write_text(SCALE_SOURCE)
-    assert build_directory("ops", (first,)) == build_directory("ops", (second,))
+    assert build_directory("ops", (first,)) == build_directory("ops", (first,))
+    assert build_directory("ops", (first,)) != build_directory("ops", (second,))
+    before = build_directory("ops", (second,))
     (second.parent / "helpers.h").write_text("#pragma once\n")
-    assert build_directory("ops", (first,)) != build_directory("ops", (second,))
-    second.write_text(SCALE_SOURCE + "\n// changed\n")
+    assert build_directory("ops", (second,)) != before
     (second.parent / "helpers.h").unlink()
-    assert build_directory("ops", (first,)) != build_directory("ops", (second,))
+    assert build_directory("ops", (second,)) == before
+    second.write_text(SCALE_SOURCE + "\n// changed\n")
+    assert build_directory("ops", (second,)) != before
     assert build_directory("ops", (first,)).parent == cache_directory() / "ops"

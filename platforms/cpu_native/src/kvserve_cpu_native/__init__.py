@@ -6,10 +6,11 @@ so that kvserve-core names no device or instruction set).
 A plugin keeps its kernels as ``.cpp`` files that register ``torch.library`` operators
 (``TORCH_LIBRARY(namespace, m)``); :func:`load_operators` compiles them with torch's own JIT
 extension build (``torch.utils.cpp_extension.load``: the installed torch's headers and ABI, ninja,
-the system C++ compiler) into ``~/.cache/kvserve/torch_extensions/<python>-<torch>-<cpu>/<name>/<sources'
-hash>``, so only the first start with those sources pays the compile (a few seconds). Building on
-the machine that runs it allows ``-march=native``: the kernels get the vector instructions this
-CPU has without a wheel per instruction set.
+the system C++ compiler) into ``~/.cache/kvserve/torch_extensions/<python>-<torch>-<cpu>/<name>/<hash>``
+(a hash of the sources' place and content and of the Python environment), so only the first start
+with those sources pays the compile (a few seconds). Building on the machine that runs it allows
+``-march=native``: the kernels get the vector instructions this CPU has without a wheel per
+instruction set.
 
 Where no compiler or ninja is available the build fails with :class:`NativeBuildError`; a
 plugin then keeps its portable path and says why: :func:`unavailable_reason` gives that sentence
@@ -92,13 +93,15 @@ def build_failure_reason() -> str | None:
 
 
 def build_directory(name: str, sources: tuple[Path, ...]) -> Path:
-    """The build folder of library ``name`` from ``sources``: one per content of the sources and the
-    headers beside them, so two installed versions of a plugin (two checkouts, two venvs) each keep
-    their build instead of rebuilding over each other at every start."""
-    digest = hashlib.sha256()
+    """The build folder of library ``name`` from ``sources``: one per content and place of the sources
+    and the headers beside them and per Python environment, so two installed versions of a plugin (two
+    checkouts, two venvs) each keep their build instead of rebuilding over each other at every start
+    (torch's builder writes the sources' paths and the environment's include folders into its ninja
+    file, so the same sources at another path, or under another venv, would rebuild)."""
+    digest = hashlib.sha256(sys.prefix.encode())
     files = {*sources, *(header for source in sources for header in Path(source).parent.glob("*.h"))}
     for path in sorted(files, key=str):
-        digest.update(Path(path).name.encode() + b"\0" + Path(path).read_bytes())
+        digest.update(str(Path(path).resolve()).encode() + b"\0" + Path(path).read_bytes())
     return cache_directory() / name / digest.hexdigest()[:16]
 
 
