@@ -15,7 +15,8 @@ llama.cpp's ``llama-batched-bench`` makes its own. With llama.cpp's tools (``ben
 ``WITH_LLAMACPP=1``; ``--llamacpp`` names their folder), ``llama-batched-bench -npp PROMPT_LEN -ntg
 TOKENS -npl 1,BATCH`` runs too, with ``-t``/``-tb`` the threads kvserve has, and each kvserve figure
 gets its ratios to llama.cpp's: generated tokens over the whole run (``B·TG / T``, prefill included)
-and decode alone (``S_TG``), each like for like.
+and decode alone (``S_TG``), each like for like. ``--rounds N`` runs every engine N times in turn (a
+VM's speed drifts by 10-20% over minutes) and prints the median figures and each round's ratios.
 
 Prints the CPU's name and the ISA flags that matter (avx512_vnni, avx512_bf16, amx). The machine's
 other load is not controlled: run it on a quiet machine.
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -112,7 +114,10 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=2, help="each kvserve time is the best of this many calls")
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="fresh processes of every engine in turn; medians and each round's ratios"
+    )
     parser.add_argument("--modes", nargs="+", default=["gguf", "none"], help="kvserve quantization values")
     parser.add_argument(
         "-O", "--optimization-level", type=int, default=0, help="kvserve's (1, 2: compiled; warmed up untimed)"
@@ -129,25 +134,48 @@ def main() -> None:
     name, flags = cpu_name_and_flags()
     isa = [flag for flag in ("avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "avx2") if flag in flags]
     print(f"CPU: {name}; ISA: {' '.join(isa)}; threads: {threads}; {Path(model).name}; -O{args.optimization_level}")
-    results = {mode: measure(model, mode, args) for mode in args.modes}
-    peer = None
-    if (args.llamacpp / "llama-batched-bench").exists():
-        peer = llamacpp(args.llamacpp, model, args, threads)
-    else:
+    has_peer = (args.llamacpp / "llama-batched-bench").exists()
+    if not has_peer:
         print(f"(no llama.cpp in {args.llamacpp}: WITH_LLAMACPP=1 benchmarks/peers/setup.sh builds it)")
+    # Rounds alternate the engines, so a drift of the machine's speed reaches both alike; each ratio is
+    # taken within its round and the table gives the medians.
+    rounds = []
+    for _ in range(args.rounds):
+        results = {mode: measure(model, mode, args) for mode in args.modes}
+        rounds.append((results, llamacpp(args.llamacpp, model, args, threads) if has_peer else None))
 
-    print(f"\n{args.prompt_len}-token prompts, {args.tokens} generated tokens each; tokens/s whole (decode only)")
+    medians = f", medians of {args.rounds} rounds" if args.rounds > 1 else ""
+    sizes = f"{args.prompt_len}-token prompts, {args.tokens} generated tokens each"
+    print(f"\n{sizes}; tokens/s whole (decode only){medians}")
     header = f"{'':<22}" + "".join(f"{'kvserve ' + mode:>22}" for mode in args.modes)
-    print(header + (f"{'llama.cpp':>22}" if peer else ""))
-    print(f"{'start-up s':<22}" + "".join(f"{results[m]['startup_s']:>22.1f}" for m in args.modes))
+    print(header + (f"{'llama.cpp':>22}" if has_peer else ""))
+    startup = [statistics.median(results[m]["startup_s"] for results, _ in rounds) for m in args.modes]
+    print(f"{'start-up s':<22}" + "".join(f"{value:>22.1f}" for value in startup))
     for key, label, batch in [("single", "one stream", 1), ("batch", f"{args.batch} prompts", args.batch)]:
-        ours = {m: (results[m][f"{key}_tok_s"], results[m][f"{key}_decode_tok_s"]) for m in args.modes}
-        line = f"{label + ' tok/s':<22}" + "".join(f"{f'{w:.1f} ({d:.1f})':>22}" for w, d in ours.values())
-        if peer:
-            whole, decode = peer[batch]["whole"], peer[batch]["decode"]
-            line += f"{f'{whole:.1f} ({decode:.1f})':>22}"
-            line += "".join(f"   {m} {w / whole:.2f}x ({d / decode:.2f}x)" for m, (w, d) in ours.items())
+        ours = {
+            m: [(results[m][f"{key}_tok_s"], results[m][f"{key}_decode_tok_s"]) for results, _ in rounds]
+            for m in args.modes
+        }
+        line = f"{label + ' tok/s':<22}" + "".join(f"{pair(median_pair(runs)):>22}" for runs in ours.values())
+        if has_peer:
+            peers = [(peer[batch]["whole"], peer[batch]["decode"]) for _, peer in rounds]
+            line += f"{pair(median_pair(peers)):>22}"
+            for m, runs in ours.items():
+                ratios = [(w / pw, d / pd) for (w, d), (pw, pd) in zip(runs, peers, strict=True)]
+                whole, decode = median_pair(ratios)
+                line += f"   {m} {whole:.2f}x ({decode:.2f}x)"
+                if len(ratios) > 1:
+                    line += " rounds: " + ", ".join(f"{w:.2f} ({d:.2f})" for w, d in ratios)
         print(line)
+
+
+def median_pair(values: list[tuple[float, float]]) -> tuple[float, float]:
+    """The median of each of the pairs' two figures."""
+    return statistics.median(v[0] for v in values), statistics.median(v[1] for v in values)
+
+
+def pair(values: tuple[float, float]) -> str:
+    return f"{values[0]:.1f} ({values[1]:.1f})"
 
 
 if __name__ == "__main__":

@@ -140,3 +140,20 @@ def test_start_up_line_and_bench_name_level_and_kernels(tiny_llama, startup_line
     assert result.exit_code == 0, result.output
     output = " ".join(result.output.split())  # the console wraps long lines
     assert f"dtype=float32 optimization_level=0 (eager) {kernels}" in output
+
+
+def test_engines_of_one_model_class_keep_graphs_of_their_own(tmp_path):
+    """Two models of one class and shape but other weights, compiled with freezing in one process: each
+    engine's graphs hold its own weights (the compiled forward skips dynamo's guards on the model's
+    modules, and a frozen graph of the other model would pass every guard left)."""
+    models = [build_tiny_model("llama", tmp_path / f"seed{seed}", seed=seed, num_hidden_layers=1) for seed in (1, 2)]
+    tokenizer = transformers.AutoTokenizer.from_pretrained(models[0])
+    prompt_ids = [tokenizer.encode(p) for p in PROMPTS[:2]]
+    params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    engines = [
+        LLM(str(m), dtype="float32", optimization_level=2, compile_cache_dir=str(tmp_path / "cache"), max_num_seqs=2)
+        for m in models
+    ]
+    for model, llm in zip(models, engines, strict=True):
+        outputs = llm.generate(prompt_ids, params, use_tqdm=False)
+        assert [list(o.outputs[0].token_ids) for o in outputs] == hf_greedy_no_eos(model, prompt_ids)
