@@ -118,7 +118,8 @@ def test_a_detokenization_failure_aborts_only_that_request(llm, monkeypatch):
     monkeypatch.setattr(detokenizer.IncrementalDetokenizer, "add", add)
     engine = llm.engine
     ids = llm.get_tokenizer().encode(PROMPT)
-    engine.add_request("doomed", engine.check_request(ids, SamplingParams(max_tokens=8)))
+    # ignore_eos: a sampled EOS first would finish it with "stop" before its text reaches the detokenizer.
+    engine.add_request("doomed", engine.check_request(ids, SamplingParams(max_tokens=8, ignore_eos=True)))
     engine.states["doomed"].sequence.detokenizer.doomed = True
     engine.add_request(
         "bystander", engine.check_request(ids, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))

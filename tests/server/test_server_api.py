@@ -132,7 +132,9 @@ def test_tokenize_detokenize_round_trip(http: httpx.Client) -> None:
 
 
 def test_metrics_expose_engine_and_request_series(client: openai.OpenAI, http: httpx.Client, metrics) -> None:
-    client.completions.create(model=MODEL, prompt="metrics", max_tokens=3)
+    # Sampled at the default temperature: without ignore_eos the request may stop (finished_reason="stop")
+    # and, run alone, leave no finished_reason="length" series.
+    client.completions.create(model=MODEL, prompt="metrics", max_tokens=3, extra_body={"ignore_eos": True})
     samples = metrics(http)
     for name in (
         "kvserve:num_requests_running", "kvserve:num_requests_waiting", "kvserve:kv_cache_usage_perc",

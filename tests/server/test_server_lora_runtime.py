@@ -124,7 +124,9 @@ def test_load_serve_refuse_and_unload(request, mode, base, adapters) -> None:
             refused = _load(http, name, path)
             assert refused.status_code == 400 and words in refused.json()["error"]["message"], (name, refused.text)
         assert {card.id for card in client.models.list().data} == {MODEL_NAME, "sql"}
-        assert client.completions.create(model="sql", prompt="SELECT", max_tokens=2).usage.completion_tokens == 2
+        # Sampled at the default temperature: without ignore_eos the adapter may draw EOS first.
+        sampled = client.completions.create(model="sql", prompt="SELECT", max_tokens=2, extra_body={"ignore_eos": True})
+        assert sampled.usage.completion_tokens == 2
 
         assert http.post("/v1/unload_lora_adapter", json={"lora_name": "sql"}).status_code == 200
         assert {card.id for card in client.models.list().data} == {MODEL_NAME}
@@ -169,7 +171,8 @@ def test_a_resolver_finds_an_unknown_model(thread_server, adapters) -> None:
     """The filesystem resolver serves ``<lora_resolver_cache_dir>/found`` as the model ``found``; names it
     does not hold, or that reach outside its folder, stay 404s."""
     client = _client(thread_server)
-    answer = client.completions.create(model="found", prompt=PROMPT, max_tokens=2)
+    # Sampled at the default temperature: without ignore_eos the adapter may draw EOS first.
+    answer = client.completions.create(model="found", prompt=PROMPT, max_tokens=2, extra_body={"ignore_eos": True})
     assert answer.model == "found" and answer.usage.completion_tokens == 2
     cards = {card.id: card.model_dump() for card in client.models.list().data}
     assert cards["found"]["root"] == str(adapters["resolvable"] / "found")
