@@ -65,8 +65,12 @@ def test_engine_packs_every_dense_layer_and_the_lm_head(model_path, startup_line
         assert embedding.weight is not head.packed_head
     else:
         assert head.weight.numel() == 0 and embedding.packed_head is None
+    # Each MLP's gate, up and SiLU run as one call of the kernel, which fuses SiLU in float32.
+    mlps = [layer.mlp for layer in model.model.layers]
+    assert all(mlp.gated_kernel is engine_kernel for mlp in mlps)
     line = next(m for m in startup_lines if m.startswith("kvserve engine:"))
-    assert f"linear_kernel={engine_kernel.name} ({len(linears)}/{len(linears)} linear layers + lm_head)" in line
+    layers = f"{len(linears)}/{len(linears)} linear layers + lm_head; {len(mlps)} gated MLPs fused"
+    assert f"linear_kernel={engine_kernel.name} ({layers})" in line
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -93,6 +97,11 @@ def test_packed_layers_compute_what_the_dense_ones_did(model_path, dtype):
                 torch.testing.assert_close(layers[name](x), layer(x), **tolerance, msg=name)
         hidden = torch.randn(3, dense.hf_config.hidden_size, generator=gen).to(dtype)
         torch.testing.assert_close(packed.compute_logits(hidden), dense.compute_logits(hidden), **tolerance)
+        # The MLPs through the kernel's gated call, against F.linear's products and PyTorch's SiLU.
+        assert report.gated_mlps == len(packed.model.layers)
+        for number, layer in enumerate(dense.model.layers):
+            assert packed.model.layers[number].mlp.gated_kernel is kernel
+            torch.testing.assert_close(packed.model.layers[number].mlp(hidden), layer.mlp(hidden), **tolerance)
         ids = torch.tensor([1, 5, 9])
         torch.testing.assert_close(packed.model.embed_tokens(ids), dense.model.embed_tokens(ids), rtol=0, atol=0)
 
@@ -118,6 +127,8 @@ def test_layers_of_another_method_and_dtypes_the_kernel_declines_stay_dense(mode
     assert all(torch.equal(kept[key], kept_values[key]) for key in kept)
     assert isinstance(mlp.gate_proj.quant_method, PackedLinearMethod)
     assert report.dense_layers == 1 and "linear layers + lm_head" in str(report)
+    # Its up projection left dense, that MLP keeps two products and its activation; the others fuse.
+    assert mlp.gated_kernel is None and report.gated_mlps == len(model.model.layers) - 1
 
 
 def test_no_kernel_leaves_f_linear(model_path, monkeypatch, startup_lines):

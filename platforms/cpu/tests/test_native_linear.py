@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from kvserve_cpu_native import cpu_name_and_flags
 from kvserve_platform_cpu import native_linear
+from kvserve_platform_cpu.native_layer_ops import cpu_layer_ops
 from kvserve_platform_cpu.native_linear import NativeLinearKernel, native_linear_kernel
 from kvserve_platform_cpu.onednn_linear import OneDnnLinearKernel, onednn_linear_kernel
 
@@ -228,6 +229,30 @@ def test_without_the_native_build_the_fallback_serves_and_the_log_says_why(monke
     }
 
 
+GATED_DTYPES = [dtype for dtype in (torch.float32, torch.bfloat16) if dtype in getattr(kernel, "dtypes", ())]
+
+
+@pytest.mark.parametrize("m", [1, 7, 9, 32, 65, 257])
+@pytest.mark.parametrize(("n", "k"), SIZES + AMX_SIZES)
+@pytest.mark.parametrize("dtype", GATED_DTYPES)
+def test_gated_product_equals_two_products_and_the_layer_op(m, n, k, dtype):
+    """silu(x G^T) * (x U^T) in one op: bit for bit what two products and the fused SiLU-and-mul op give."""
+    gen = torch.Generator().manual_seed(m * 1000 + n + k)
+    gate, up = (kernel.pack(torch.randn(n, k, generator=gen).to(dtype)) for _ in range(2))
+    x = torch.randn(m, k, generator=gen).to(dtype)
+    expected = cpu_layer_ops().silu_and_mul(kernel.apply(x, gate, None), kernel.apply(x, up, None))
+    assert kernel.fuses_gated("silu", gate)
+    assert torch.equal(kernel.apply_gated(x, gate, up, "silu"), expected)
+
+
+def test_gated_product_takes_only_silu_on_its_dtypes_and_names_mismatched_weights():
+    packed = kernel.pack(torch.randn(50, 34))
+    assert not kernel.fuses_gated("gelu_tanh", packed)
+    assert not kernel.fuses_gated("silu", torch.randn(50, 34).half())
+    with pytest.raises(RuntimeError, match="gate and up must be packed weights of one shape and dtype"):
+        kernel.apply_gated(torch.randn(2, 34), packed, kernel.pack(torch.randn(48, 34)), "silu")
+
+
 def test_compiled_graph_calls_the_op_and_matches_eager():
     """Costs ~8 s on 2 cores (inductor builds one small C++ kernel for the + 1)."""
     from torch._inductor.utils import run_and_get_code
@@ -238,10 +263,11 @@ def test_compiled_graph_calls_the_op_and_matches_eager():
     packed = kernel.pack(weight)
 
     def step(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
-        return kernel.apply(x, packed, None) + 1
+        return kernel.apply(x, packed, None) + kernel.apply_gated(x, packed, packed, "silu")
 
     start = time.perf_counter()
     compiled, code = run_and_get_code(torch.compile(step, fullgraph=True), x, packed)
-    print(f"torch.compile of one linear + 1: {time.perf_counter() - start:.1f} s")
-    assert "torch.ops.kvserve_cpu_linear.linear.default(" in "\n".join(code)
+    print(f"torch.compile of one linear + one gated product: {time.perf_counter() - start:.1f} s")
+    for op in ("linear", "gated_linear"):
+        assert f"torch.ops.kvserve_cpu_linear.{op}.default(" in "\n".join(code)
     torch.testing.assert_close(compiled, step(x, packed), rtol=0, atol=0)

@@ -53,6 +53,22 @@ class LinearKernel(ABC):
         dynamo traces and inductor compiles, e.g. one opaque ``torch.library.custom_op`` with a
         fake implementation giving the output's shape."""
 
+    def fuses_gated(self, activation: str, packed: torch.Tensor) -> bool:
+        """Whether :meth:`apply_gated` runs a gated MLP's ``activation`` (``"silu"``: SwiGLU,
+        ``"gelu_tanh"``: GeGLU) for gate and up weights packed like ``packed`` (what :meth:`pack`
+        returned for one of them). Asked once per MLP after packing; ``False`` (the default) keeps
+        the MLP's two products and its activation apart."""
+        return False
+
+    def apply_gated(self, x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.Tensor:
+        """``act(x @ G.T) * (x @ U.T)`` for ``x`` ``[..., in_features]``, where ``gate`` and ``up`` are what
+        :meth:`pack` returned for ``G`` and ``U`` (one shape, no bias) and :meth:`fuses_gated` said yes;
+        a new contiguous ``[..., out_features]`` tensor of ``x``'s dtype. The values must be those of
+        :meth:`apply` on each, then the activation-and-multiply in the MLP's order (products rounded to
+        ``x``'s dtype, the activation rounded before the multiply): only the memory traffic and the
+        calls between them go. Under ``torch.compile`` the same rule as :meth:`apply`."""
+        raise NotImplementedError(f"{type(self).__name__} fuses no gated MLP")
+
     def pack_quantized(self, weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
         """A weight-only quantized weight ``W = weight.float() * scale`` in this kernel's layout, for
         activations of ``dtype``; ``None`` (the default) where the kernel does not run ``weight``'s

@@ -66,6 +66,7 @@ class NativeLinearKernel(LinearKernel):
         _register_fake()
         ops = getattr(torch.ops, LIBRARY)
         self._pack, self._linear, self._on_amx = ops.pack.default, ops.linear.default, ops.on_amx.default
+        self._gated_linear = ops.gated_linear.default
         self._pack_fp8, self._fp8_linear = ops.pack_fp8.default, ops.fp8_linear.default
         self.fp8_dtypes = frozenset(d for d in (torch.float32, torch.bfloat16) if ops.fp8_supports(d))
         """Activation dtypes the kernel multiplies FP8 weights in (none without AVX-512 VBMI)."""
@@ -92,6 +93,15 @@ class NativeLinearKernel(LinearKernel):
             return self.fallback.apply(x, packed, bias)
         # The op has a fake implementation (_register_fake), so compiled graphs call it as an opaque kernel.
         return self._linear(x, packed, bias)
+
+    def fuses_gated(self, activation: str, packed: torch.Tensor) -> bool:
+        return activation == "silu" and packed.dtype in self.dtypes
+
+    def apply_gated(self, x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.Tensor:
+        """One ``gated_linear`` op: on the AVX-512 panels each thread streams gate's and up's panels of the same
+        columns in turn and writes SiLU-and-mul of the two (the layer op's math) from L1; on AMX tiles and
+        AVX2 the two products, then SiLU-and-mul."""
+        return self._gated_linear(x, gate, up)
 
     def pack_quantized(self, weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
         # K pairs multiply together, so an odd in_features stays on the method's own path.
@@ -154,6 +164,10 @@ def _register_fake() -> None:
     @torch.library.register_fake(f"{LIBRARY}::linear")
     def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return x.new_empty((*x.shape[:-1], packed.shape[0]))
+
+    @torch.library.register_fake(f"{LIBRARY}::gated_linear")
+    def _(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        return x.new_empty((*x.shape[:-1], gate.shape[0]))
 
     @torch.library.register_fake(f"{LIBRARY}::fp8_linear")
     def _(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -7,22 +7,11 @@
 // routine PyTorch's own silu calls), so float32 results match the unfused ops up to the order
 // of the sum of squares.
 
-// The widest at::vec implementation this -march=native build can run.
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VL__)
-#define CPU_CAPABILITY AVX512
-#define CPU_CAPABILITY_AVX512
-#elif defined(__AVX2__) && defined(__FMA__)
-#define CPU_CAPABILITY AVX2
-#define CPU_CAPABILITY_AVX2
-#else
-#define CPU_CAPABILITY DEFAULT
-#endif
+#include "vec_math.h"  // first: it picks at::vec's width
 
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
-#include <ATen/cpu/vec/functional.h>
-#include <ATen/cpu/vec/vec.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -32,33 +21,14 @@
 
 namespace {
 
-using Vec = at::vec::Vectorized<float>;
+using kvserve_vec::map2;
+using kvserve_vec::round_through;
+using kvserve_vec::Vec;
 
 // Rows below this many elements of work run on the calling thread: waking the pool costs more.
 constexpr int64_t kParallelElements = 1 << 15;
 
 int64_t row_grain(int64_t row_elements) { return std::max<int64_t>(1, kParallelElements / std::max<int64_t>(row_elements, 1)); }
-
-// dst[i] = op(a[i], b[i]) over n floats, full vectors then one partial vector (never scalar code:
-// the tail must round exactly as the body does).
-template <typename Op>
-inline void map2(float* dst, const float* a, const float* b, int64_t n, const Op& op) {
-  int64_t i = 0;
-  for (; i + Vec::size() <= n; i += Vec::size()) op(Vec::loadu(a + i), Vec::loadu(b + i)).store(dst + i);
-  if (i < n) {
-    const int64_t rest = n - i;
-    op(Vec::loadu(a + i, rest), Vec::loadu(b + i, rest)).store(dst + i, rest);
-  }
-}
-
-// Round float32 values through the storage dtype and back, as an unfused op's output would be.
-template <typename T>
-inline void round_through(float* values, T* scratch, int64_t n) {
-  if constexpr (!std::is_same_v<T, float>) {
-    at::vec::convert(values, scratch, n);
-    at::vec::convert(scratch, values, n);
-  }
-}
 
 // A tensor seen as [rows, n] with a row stride (the last dimension contiguous): 2-D tensors as they
 // are, 3-D ones whose two leading dimensions flatten, anything else made contiguous first.
@@ -192,16 +162,9 @@ at::Tensor silu_and_mul(const at::Tensor& gate, const at::Tensor& up) {
     at::parallel_for(0, g.rows, row_grain(n), [&](int64_t begin, int64_t end) {
       std::vector<float> a(n), b(n);
       std::vector<scalar_t> scratch(n);
-      const Vec one(1.0f);
-      for (int64_t r = begin; r < end; ++r) {
-        at::vec::convert(gs + r * g.stride, a.data(), n);
-        at::vec::convert(us + r * u.stride, b.data(), n);
-        // silu as PyTorch's kernel computes it, rounded to the dtype before the multiply.
-        map2(a.data(), a.data(), a.data(), n, [&](Vec x, Vec) { return x / (one + x.neg().exp()); });
-        round_through(a.data(), scratch.data(), n);
-        map2(a.data(), a.data(), b.data(), n, [](Vec s, Vec v) { return s * v; });
-        at::vec::convert(a.data(), dst + r * n, n);
-      }
+      for (int64_t r = begin; r < end; ++r)
+        kvserve_vec::silu_and_mul_row(gs + r * g.stride, us + r * u.stride, n, dst + r * n, a.data(), b.data(),
+                                      scratch.data());
     });
   });
   return out;

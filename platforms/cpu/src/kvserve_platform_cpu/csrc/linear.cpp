@@ -2,6 +2,7 @@
 //
 // kvserve_cpu_linear::pack(weight) -> packed    weight [N, K] float32 or bfloat16, contiguous
 // kvserve_cpu_linear::linear(x, packed, bias?) -> y    x [..., K] in the weight's dtype
+// kvserve_cpu_linear::gated_linear(x, gate, up) -> y  y = silu(x G^T) * (x U^T), G and U packed alike
 // kvserve_cpu_linear::isa() -> str              "avx512" or "avx2": the instructions the products run on
 // kvserve_cpu_linear::supports(dtype) -> bool   whether this build runs the dtype
 // kvserve_cpu_linear::amx() -> bool             whether bfloat16 runs on AMX tiles here
@@ -45,6 +46,8 @@
 // 1.1-1.3x oneDNN at 1 row, 1.2-1.6x at 8, 1.0-1.3x at 32 rows, 0.9x at 512 (noisy shared
 // machine); bfloat16, which oneDNN and F.linear run there only through conversions, 1.5x F.linear at
 // 1 row and 5-7x at 32 rows.
+
+#include "vec_math.h"  // first: it picks at::vec's width
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -301,33 +304,93 @@ constexpr TileFn<T> kTiles[kRowTile + 1] = {nullptr,
                                             &tile<T, 1, TO_L1>, &tile<T, 2, TO_L1>, &tile<T, 3, TO_L1>, &tile<T, 4, TO_L1>,
                                             &tile<T, 5, TO_L1>, &tile<T, 6, TO_L1>, &tile<T, 7, TO_L1>, &tile<T, 8, TO_L1>};
 
+// How a product of M rows streams its panels: k per chunk (256 bfloat16, 128 float32, 64 at
+// decode sizes) and the tiles that prefetch the next chunk into L1 or L2.
+template <typename T>
+struct Streaming {
+  int64_t chunk;
+  const TileFn<T>* tiles;
+
+  explicit Streaming(int64_t M) {
+    const bool decode = std::is_same_v<T, float> && M <= kDecodeRows;
+    chunk = (decode ? kDecodeChunkBytes : kChunkBytes) / (kPanel * static_cast<int64_t>(sizeof(T)));
+    tiles = decode ? kTiles<T, true> : kTiles<T, false>;
+  }
+
+  // The first chunk of a thread's run of panels (width r from w): nothing before it prefetched it.
+  void prefetch_first(const T* w, int64_t r, int64_t K) const {
+    const char* start = reinterpret_cast<const char*>(w);
+    const int64_t bytes = std::min(chunk, K) * r * sizeof(T);
+    for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(start + b, _MM_HINT_T1);
+  }
+
+  // `rows` rows of x (row stride K) times one panel (width r, weights w) over all of K, chunk by chunk;
+  // the last chunk's tiles write out (row stride ldo, plus bias). `next`: the weights this thread
+  // streams after this panel, whose first chunk the last chunk's tiles prefetch.
+  void panel(const T* x, int64_t rows, int64_t K, const T* w, int64_t r, const T* next, float* scratch, T* out,
+             int64_t ldo, const T* bias) const {
+    const int64_t count = (rows + kRowTile - 1) / kRowTile;
+    for (int64_t k0 = 0; k0 < K; k0 += chunk) {
+      const int64_t k1 = std::min(K, k0 + chunk);
+      // Bytes from a k of this chunk to the same k of the next (which may lie in another tensor).
+      const auto at = [](const T* p) { return reinterpret_cast<intptr_t>(p); };
+      const int64_t ahead = at(k1 < K ? w + k1 * r : next) - at(w + k0 * r);
+      for (int64_t t = 0; t < count; ++t) {
+        const int64_t i0 = t * kRowTile, n = std::min(kRowTile, rows - i0);
+        tiles[n](x + i0 * K, K, w, r, k0, k1, scratch + t * kRowTile * kPanel, k0 == 0, ahead, t, count,
+                 k1 == K ? out + i0 * ldo : nullptr, ldo, bias);
+      }
+    }
+  }
+};
+
 template <typename T>
 void run(const T* x, int64_t M, int64_t K, const T* packed, int64_t N, const T* bias, T* out) {
   const int64_t panels = (N + kPanel - 1) / kPanel;
-  const bool decode = std::is_same_v<T, float> && M <= kDecodeRows;
-  // k per chunk: 256 bfloat16, 128 float32 (64 at decode sizes)
-  const int64_t chunk = (decode ? kDecodeChunkBytes : kChunkBytes) / (kPanel * static_cast<int64_t>(sizeof(T)));
-  const TileFn<T>* tiles_fn = decode ? kTiles<T, true> : kTiles<T, false>;
+  const Streaming<T> stream(M);
   at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
     std::vector<float> scratch(std::min(M, kRowBlock) * kPanel);
-    // The first chunk of this thread's run: nothing before it prefetched it.
-    const char* start = reinterpret_cast<const char*>(packed + p0 * kPanel * K);
-    const int64_t first_bytes = std::min(chunk, K) * std::min(kPanel, N - p0 * kPanel) * sizeof(T);
-    for (int64_t b = 0; b < first_bytes; b += 64) _mm_prefetch(start + b, _MM_HINT_T1);
+    stream.prefetch_first(packed + p0 * kPanel * K, std::min(kPanel, N - p0 * kPanel), K);
     for (int64_t m0 = 0; m0 < M; m0 += kRowBlock) {
-      const int64_t rows = std::min(kRowBlock, M - m0), tiles = (rows + kRowTile - 1) / kRowTile;
+      const int64_t rows = std::min(kRowBlock, M - m0);
       for (int64_t p = p0; p < p1; ++p) {
         const int64_t n0 = p * kPanel, r = std::min(kPanel, N - n0);
         const T* w = packed + n0 * K;
-        for (int64_t k0 = 0; k0 < K; k0 += chunk) {
-          const int64_t k1 = std::min(K, k0 + chunk);
-          const int64_t ahead = (k1 - k0) * r * sizeof(T);  // bytes from a k to the same k of the next chunk
-          for (int64_t t = 0; t < tiles; ++t) {
-            const int64_t i0 = m0 + t * kRowTile, n = std::min(kRowTile, M - i0);
-            tiles_fn[n](x + i0 * K, K, w, r, k0, k1, scratch.data() + t * kRowTile * kPanel, k0 == 0, ahead, t,
-                         tiles, k1 == K ? out + i0 * N + n0 : nullptr, N, bias ? bias + n0 : nullptr);
-          }
-        }
+        stream.panel(x + m0 * K, rows, K, w, r, w + r * K, scratch.data(), out + m0 * N + n0, N,
+                     bias ? bias + n0 : nullptr);
+      }
+    }
+  });
+}
+
+// silu(x G^T) * (x U^T) for gate and up packed alike: each thread streams gate's panel p, then up's
+// panel p, into two small buffers in T (rounded as the unfused products' outputs are) and writes
+// silu-and-mul of them (vec_math.h's, as the fused layer op computes it) to out's columns of p. The
+// same values as two products and the layer op, without their [M, N] outputs going through memory
+// twice, nor the op's own pass over them.
+template <typename T>
+void run_gated(const T* x, int64_t M, int64_t K, const T* gate, const T* up, int64_t N, T* out) {
+  const int64_t panels = (N + kPanel - 1) / kPanel;
+  const Streaming<T> stream(M);
+  at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+    const int64_t block = std::min(M, kRowBlock);
+    std::vector<float> scratch(block * kPanel);
+    std::vector<T> halves(2 * block * kPanel);
+    T* g = halves.data();
+    T* u = g + block * kPanel;
+    alignas(64) float a[kPanel], b[kPanel];
+    alignas(64) T rounded[kPanel];
+    stream.prefetch_first(gate + p0 * kPanel * K, std::min(kPanel, N - p0 * kPanel), K);
+    for (int64_t m0 = 0; m0 < M; m0 += kRowBlock) {
+      const int64_t rows = std::min(kRowBlock, M - m0);
+      for (int64_t p = p0; p < p1; ++p) {
+        const int64_t n0 = p * kPanel, r = std::min(kPanel, N - n0);
+        const T* gw = gate + n0 * K;
+        const T* uw = up + n0 * K;
+        stream.panel(x + m0 * K, rows, K, gw, r, uw, scratch.data(), g, kPanel, nullptr);
+        stream.panel(x + m0 * K, rows, K, uw, r, gw + r * K, scratch.data(), u, kPanel, nullptr);
+        for (int64_t i = 0; i < rows; ++i)
+          kvserve_vec::silu_and_mul_row(g + i * kPanel, u + i * kPanel, r, out + (m0 + i) * N + n0, a, b, rounded);
       }
     }
   });
@@ -947,7 +1010,7 @@ at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& packed, const at::T
   return out;
 }
 
-at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias) {
+at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias) {
   check_weight(packed);
   const int64_t N = packed.size(0), K = packed.size(1);
   TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == packed.scalar_type() && x.size(-1) == K,
@@ -992,11 +1055,59 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const c10::opti
   return out;
 }
 
+template <typename T>
+void gated_rows(const at::Tensor& rows, const at::Tensor& gate, const at::Tensor& up, at::Tensor& out) {
+  const int64_t M = rows.size(0), N = gate.size(0), K = gate.size(1);
+  T* dst = out.data_ptr<T>();
+#if defined(__AVX512F__)
+  if (!on_amx(gate.scalar_type(), N, K)) {
+    run_gated<T>(rows.data_ptr<T>(), M, K, gate.data_ptr<T>(), up.data_ptr<T>(), N, dst);
+    return;
+  }
+#endif
+  const at::Tensor gate_out = packed_linear(rows, gate, c10::nullopt);
+  const at::Tensor up_out = packed_linear(rows, up, c10::nullopt);
+  const T* gs = gate_out.data_ptr<T>();
+  const T* us = up_out.data_ptr<T>();
+  at::parallel_for(0, M, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> a(N), b(N);
+    std::vector<T> rounded(N);
+    for (int64_t i = begin; i < end; ++i)
+      kvserve_vec::silu_and_mul_row(gs + i * N, us + i * N, N, dst + i * N, a.data(), b.data(), rounded.data());
+  });
+}
+
+// silu(x G^T) * (x U^T) for gate and up packed by pack() (one shape and dtype, no bias): one pass
+// over both weights where the product runs on the AVX-512 panels; elsewhere (AMX tiles, AVX2) the two
+// products, then silu-and-mul row by row. Either way the values of two linear() ops and the layer
+// op's silu_and_mul.
+at::Tensor gated_linear(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& up) {
+  check_weight(gate);
+  TORCH_CHECK(up.sizes() == gate.sizes() && up.scalar_type() == gate.scalar_type() && up.is_contiguous(),
+              "gate and up must be packed weights of one shape and dtype, got ", gate.sizes(), " ",
+              gate.scalar_type(), " and ", up.sizes(), " ", up.scalar_type());
+  const int64_t N = gate.size(0), K = gate.size(1);
+  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == gate.scalar_type() && x.size(-1) == K,
+              "x must be a CPU tensor [..., ", K, "] of the weights' dtype ", gate.scalar_type());
+  const at::Tensor rows = x.reshape({-1, K}).contiguous();
+  const int64_t M = rows.size(0);
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = N;
+  at::Tensor out = at::empty(shape, x.options());
+  if (M == 0) return out;
+  if (x.scalar_type() == at::kFloat)
+    gated_rows<float>(rows, gate, up, out);
+  else
+    gated_rows<c10::BFloat16>(rows, gate, up, out);
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(kvserve_cpu_linear, m) {
   m.def("pack(Tensor weight) -> Tensor");
   m.def("linear(Tensor x, Tensor packed, Tensor? bias) -> Tensor");
+  m.def("gated_linear(Tensor x, Tensor gate, Tensor up) -> Tensor");
   m.def("isa() -> str", &isa);
   m.def("supports(ScalarType dtype) -> bool", &supports);
   m.def("amx() -> bool", &amx);
@@ -1008,7 +1119,8 @@ TORCH_LIBRARY(kvserve_cpu_linear, m) {
 
 TORCH_LIBRARY_IMPL(kvserve_cpu_linear, CPU, m) {
   m.impl("pack", &pack);
-  m.impl("linear", &linear);
+  m.impl("linear", &packed_linear);
+  m.impl("gated_linear", &gated_linear);
   m.impl("pack_fp8", &pack_fp8);
   m.impl("fp8_linear", &fp8_linear);
 }
