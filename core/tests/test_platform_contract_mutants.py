@@ -23,6 +23,7 @@ SUBJECTS = {
     "TestSamplerKeepsEveryToken": Subject("platform", "mutant_platform:SamplerKeepsEveryToken"),
     "TestLoRAPrefillLosesLastToken": Subject("platform", "mutant_platform:LoRAPrefillLosesLastToken"),
     "TestLoRADecodeRowsShareOneAdapter": Subject("platform", "mutant_platform:LoRADecodeRowsShareOneAdapter"),
+    "TestGatedProductSwapsGateAndUp": Subject("platform", "mutant_platform:GatedProductSwapsGateAndUp"),
     "TestRealCpuPlatform": Subject("platform", "kvserve_platform_cpu.platform:CpuPlatform"),
 }
 
@@ -77,3 +78,9 @@ def test_each_lora_kernel_mutant_fails_the_lora_checks_only(outcomes, test_class
     failures = failed(outcomes[test_class])
     assert failures and all(test.startswith("test_lora_kernel_") for test in failures), failures
     assert all(words in message for message in failures.values()), failures
+
+
+def test_a_gated_product_mutant_fails_the_gated_check_only(outcomes):
+    failures = failed(outcomes["TestGatedProductSwapsGateAndUp"])
+    assert failures and all(test.startswith("test_linear_kernel_gated_product") for test in failures), failures
+    assert all("is not silu(gate) * up" in message for message in failures.values()), failures

@@ -10,8 +10,9 @@ import dataclasses
 
 import psutil
 import torch
+import torch.nn.functional as F
 
-from kvserve.interfaces import DeviceCapability, LoRAKernel, SamplingKernel
+from kvserve.interfaces import DeviceCapability, LinearKernel, LoRAKernel, SamplingKernel
 from kvserve.lora.torch_kernel import TorchLoRAKernel
 from kvserve.sampling.torch_kernel import TorchSamplingKernel
 from kvserve_platform_cpu.platform import CpuPlatform
@@ -112,3 +113,30 @@ class LoRADecodeRowsShareOneAdapter(CpuPlatform):
 
     def lora_kernel(self) -> LoRAKernel:
         return _DecodeRowsShareOneAdapter()
+
+
+class _GatedSwapsGateAndUp(LinearKernel):
+    """F.linear, and a gated call that takes the activation of up and multiplies it by gate."""
+
+    name = "swapped-gated"
+
+    def pack(self, weight: torch.Tensor) -> torch.Tensor:
+        return weight.clone()
+
+    def apply(self, x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return F.linear(x, packed, bias)
+
+    def fuses_gated(self, activation: str, packed: torch.Tensor) -> bool:
+        return activation == "silu"
+
+    def apply_gated(self, x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.Tensor:
+        return F.silu(F.linear(x, up)) * F.linear(x, gate)
+
+
+class GatedProductSwapsGateAndUp(CpuPlatform):
+    """Its linear kernel's fused gated MLP applies SiLU to the wrong projection."""
+
+    name = "cpu_gated_swapped"
+
+    def linear_kernel(self) -> LinearKernel:
+        return _GatedSwapsGateAndUp()

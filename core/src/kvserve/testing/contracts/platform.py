@@ -9,7 +9,8 @@ from typing import ClassVar
 import pytest
 import torch
 
-from kvserve.interfaces import DeviceCapability, LoRAKernel, Platform, SamplingKernel
+from kvserve.interfaces import DeviceCapability, LinearKernel, LoRAKernel, Platform, SamplingKernel
+from kvserve.layers.activation import GATED_ACTIVATIONS, gated_activation
 from kvserve.lora.torch_kernel import TorchLoRAKernel
 from kvserve.request import Request
 from kvserve.sampling import Sampler
@@ -47,7 +48,10 @@ class PlatformContract(ComponentContract):
     - the LoRA kernel (``lora_kernel()``, or core's PyTorch one where the platform has none) adds
       each token's adapter term as a dense per-token reference does, over segments of every length
       (decode rows, prefill chunks, empty segments) of several slots and packed output slices, and
-      leaves the base model's rows exactly as they were.
+      leaves the base model's rows exactly as they were;
+    - where its ``linear_kernel()`` fuses a gated MLP (``fuses_gated``), ``apply_gated`` gives what
+      ``apply`` on gate and on up, then PyTorch's activation-and-multiply give (up to rounding), at
+      1, 7 and 33 rows, in every dtype the platform runs.
     """
 
     kind = "platform"
@@ -279,3 +283,40 @@ class PlatformContract(ComponentContract):
         if lora_dtype not in instance.supported_dtypes:
             pytest.skip(f"the platform does not run {lora_dtype}")
         check_lora_kernel(lora_kernel, instance.device(), getattr(torch, lora_dtype), seed)
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def linear_kernel(cls, instance) -> LinearKernel:
+        """The platform's linear kernel; skipped where it has none (layers then run ``F.linear``)."""
+        kernel = instance.linear_kernel()
+        if kernel is None:
+            pytest.skip("the platform offers no linear kernel: dense layers run F.linear")
+        assert isinstance(kernel, LinearKernel), f"linear_kernel() returned {kernel!r}, not a LinearKernel"
+        return kernel
+
+    @pytest.mark.parametrize("activation", sorted(GATED_ACTIVATIONS))
+    def test_linear_kernel_gated_product_is_two_products_and_the_activation(
+        self, instance, linear_kernel, activation, seed
+    ):
+        """100 output features (not a multiple of common panel widths) over 64 inputs, per dtype the
+        platform runs and the kernel packs and fuses."""
+        device, fused = instance.device(), []
+        act = gated_activation(activation)
+        for dtype_name in instance.supported_dtypes:
+            gen = torch.Generator().manual_seed(seed)
+            gate, up = (torch.randn(100, 64, generator=gen).to(device, getattr(torch, dtype_name)) for _ in range(2))
+            packed_gate, packed_up = linear_kernel.pack(gate), linear_kernel.pack(up)
+            if packed_gate is None or packed_up is None or not linear_kernel.fuses_gated(activation, packed_gate):
+                continue
+            for rows in (1, 7, 33):
+                x = torch.randn(rows, 64, generator=gen).to(device, getattr(torch, dtype_name))
+                expected = act(linear_kernel.apply(x, packed_gate, None), linear_kernel.apply(x, packed_up, None))
+                where = f"apply_gated ({activation}, {dtype_name}, {rows} rows) is not {activation}(gate) * up"
+                torch.testing.assert_close(
+                    linear_kernel.apply_gated(x, packed_gate, packed_up, activation),
+                    expected,
+                    msg=lambda m, where=where: f"{where}: {m}",
+                )
+            fused.append(dtype_name)
+        if not fused:
+            pytest.skip(f"the linear kernel fuses no gated {activation} MLP in {list(instance.supported_dtypes)}")

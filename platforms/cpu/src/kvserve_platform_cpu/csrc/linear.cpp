@@ -375,11 +375,10 @@ void run_gated(const T* x, int64_t M, int64_t K, const T* gate, const T* up, int
   at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
     const int64_t block = std::min(M, kRowBlock);
     std::vector<float> scratch(block * kPanel);
-    std::vector<T> halves(2 * block * kPanel);
+    std::vector<T> halves(2 * block * kPanel), rounded(block * kPanel);
+    std::vector<float> a(block * kPanel), b(block * kPanel);
     T* g = halves.data();
     T* u = g + block * kPanel;
-    alignas(64) float a[kPanel], b[kPanel];
-    alignas(64) T rounded[kPanel];
     stream.prefetch_first(gate + p0 * kPanel * K, std::min(kPanel, N - p0 * kPanel), K);
     for (int64_t m0 = 0; m0 < M; m0 += kRowBlock) {
       const int64_t rows = std::min(kRowBlock, M - m0);
@@ -389,8 +388,14 @@ void run_gated(const T* x, int64_t M, int64_t K, const T* gate, const T* up, int
         const T* uw = up + n0 * K;
         stream.panel(x + m0 * K, rows, K, gw, r, uw, scratch.data(), g, kPanel, nullptr);
         stream.panel(x + m0 * K, rows, K, uw, r, gw + r * K, scratch.data(), u, kPanel, nullptr);
-        for (int64_t i = 0; i < rows; ++i)
-          kvserve_vec::silu_and_mul_row(g + i * kPanel, u + i * kPanel, r, out + (m0 + i) * N + n0, a, b, rounded);
+        if (r == kPanel) {  // the buffers' rows lie back to back: one elementwise pass, in place, then copied out
+          kvserve_vec::silu_and_mul_row(g, u, rows * kPanel, g, a.data(), b.data(), rounded.data());
+          for (int64_t i = 0; i < rows; ++i) std::memcpy(out + (m0 + i) * N + n0, g + i * kPanel, kPanel * sizeof(T));
+        } else {
+          for (int64_t i = 0; i < rows; ++i)
+            kvserve_vec::silu_and_mul_row(g + i * kPanel, u + i * kPanel, r, out + (m0 + i) * N + n0, a.data(),
+                                          b.data(), rounded.data());
+        }
       }
     }
   });
