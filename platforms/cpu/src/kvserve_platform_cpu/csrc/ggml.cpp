@@ -79,6 +79,8 @@ constexpr int64_t block_bytes(int64_t type) {
     default: return 0;  // not a type these kernels run
   }
 }
+// Bytes of one output feature's blocks over k (a multiple of the type's block).
+constexpr int64_t row_bytes(int64_t type, int64_t k) { return k / block_weights(type) * block_bytes(type); }
 // Rows up to which `ggml_linear`'s integer dots beat the tiles (single thread, Q4_1, SmolLM2's 30 layers of
 // fused shapes, weights out of cache: 1 row 3.2-3.4 ms vs 6.7, 2 rows 6.0 vs 7.4, 3 rows 8.2-8.3 vs 9.5-9.7,
 // 4 rows 10.7-10.8 vs 7.9-8.2).
@@ -217,13 +219,13 @@ inline __m512i high_bits(const uint8_t* w, int64_t size, int64_t at) {
   return _mm512_and_si512(_mm512_movm_epi8(mask), _mm512_set1_epi8(0x10));
 }
 
-// `kFeatures` consecutive output features (rows of `row_bytes` from `w`) against one quantized activation row,
+// `kFeatures` consecutive output features (rows `row_stride` bytes apart from `w`) against one quantized activation row,
 // two blocks a step on 512-bit vectors. Q8_0: lanes 0-7 of a step's sums are block b's, 8-15 block b + 1's;
 // weights are signed, so |w| is the unsigned operand and w's sign moves onto x. Nibble types: the quants
 // unpack as [low(b), low(b + 1), high(b), high(b + 1)] (16 bytes each), so x is arranged once a step to match,
 // and lanes 0-3 and 8-11 are block b's.
 template <int64_t kType, int kFeatures>
-void dot_vnni(const uint8_t* w, int64_t row_bytes, const ActBlock* a, int64_t blocks, float* out) {
+void dot_vnni(const uint8_t* w, int64_t row_stride, const ActBlock* a, int64_t blocks, float* out) {
   constexpr int64_t size = block_bytes(kType);
   constexpr DotLayout layout = dot_layout(kType);
   const __m512i scale_lanes = kType == kQ8_0 ? _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0)
@@ -244,7 +246,7 @@ void dot_vnni(const uint8_t* w, int64_t row_bytes, const ActBlock* a, int64_t bl
     if constexpr (kType != kQ8_0) x = _mm512_shuffle_i64x2(x, x, _MM_SHUFFLE(3, 1, 2, 0));
     const __m128 act = _mm_set_ps(a[b + 1].ds, a[b + 1].d, a[b].ds, a[b].d);
     for (int f = 0; f < kFeatures; ++f) {
-      const uint8_t* wb = w + f * row_bytes + b * size;
+      const uint8_t* wb = w + f * row_stride + b * size;
       _mm_prefetch(reinterpret_cast<const char*>(wb + kDotPrefetchBytes), _MM_HINT_T0);
       const __m128 scales = pair_scales<kType>(wb, act);
       const uint8_t* qs = wb + layout.quants_at;
@@ -275,7 +277,7 @@ void dot_vnni(const uint8_t* w, int64_t row_bytes, const ActBlock* a, int64_t bl
                           _mm_cvtss_f32(_mm_shuffle_ps(offset[f], offset[f], 3));
       total += layout.bias ? -static_cast<float>(layout.bias) * terms : terms;
     }
-    if (b < blocks) total += dot_portable(kType, w + f * row_bytes + b * size, a + b, 1);
+    if (b < blocks) total += dot_portable(kType, w + f * row_stride + b * size, a + b, 1);
     out[f] = total;
   }
 }
@@ -284,15 +286,15 @@ void dot_vnni(const uint8_t* w, int64_t row_bytes, const ActBlock* a, int64_t bl
 // features]): each group of kDotFeatures features meets every row while its weights are in L1, so the weight
 // streams from memory once whatever M.
 template <int64_t kType>
-void dot_vnni_features(const uint8_t* w, int64_t row_bytes, const ActBlock* act, int64_t M, int64_t blocks,
+void dot_vnni_features(const uint8_t* w, int64_t row_stride, const ActBlock* act, int64_t M, int64_t blocks,
                        int64_t features, float* out) {
   int64_t n = 0;
   for (; n + kDotFeatures <= features; n += kDotFeatures)
     for (int64_t m = 0; m < M; ++m)
-      dot_vnni<kType, kDotFeatures>(w + n * row_bytes, row_bytes, act + m * blocks, blocks, out + m * features + n);
+      dot_vnni<kType, kDotFeatures>(w + n * row_stride, row_stride, act + m * blocks, blocks, out + m * features + n);
   for (; n < features; ++n)
     for (int64_t m = 0; m < M; ++m)
-      dot_vnni<kType, 1>(w + n * row_bytes, row_bytes, act + m * blocks, blocks, out + m * features + n);
+      dot_vnni<kType, 1>(w + n * row_stride, row_stride, act + m * blocks, blocks, out + m * features + n);
 }
 #endif
 
@@ -307,7 +309,7 @@ bool has_vnni() {
 template <typename T>
 void dot_rows(const T* x, int64_t M, int64_t K, const uint8_t* w, int64_t type, int64_t N, bool vnni, T* y,
               int64_t ldy) {
-  const int64_t nblocks = K / kBlock, row_bytes = nblocks * block_bytes(type);
+  const int64_t nblocks = K / kBlock, bytes_per_row = row_bytes(type, K);
   std::vector<ActBlock> act(M * nblocks);
   // A decode step's one row is quantized on the calling thread: a parallel region costs more than its 18-48 blocks.
   if (M == 1) {
@@ -319,24 +321,24 @@ void dot_rows(const T* x, int64_t M, int64_t K, const uint8_t* w, int64_t type, 
   }
   at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
     const int64_t features = end - begin;
-    const uint8_t* wt = w + begin * row_bytes;
+    const uint8_t* wt = w + begin * bytes_per_row;
     std::vector<float> sums(M * features);
     const ActBlock* a = act.data();
     float* s = sums.data();
 #if defined(KVSERVE_VNNI)
     if (vnni) {
       switch (type) {
-        case kQ4_0: dot_vnni_features<kQ4_0>(wt, row_bytes, a, M, nblocks, features, s); break;
-        case kQ4_1: dot_vnni_features<kQ4_1>(wt, row_bytes, a, M, nblocks, features, s); break;
-        case kQ5_0: dot_vnni_features<kQ5_0>(wt, row_bytes, a, M, nblocks, features, s); break;
-        case kQ5_1: dot_vnni_features<kQ5_1>(wt, row_bytes, a, M, nblocks, features, s); break;
-        default: dot_vnni_features<kQ8_0>(wt, row_bytes, a, M, nblocks, features, s);
+        case kQ4_0: dot_vnni_features<kQ4_0>(wt, bytes_per_row, a, M, nblocks, features, s); break;
+        case kQ4_1: dot_vnni_features<kQ4_1>(wt, bytes_per_row, a, M, nblocks, features, s); break;
+        case kQ5_0: dot_vnni_features<kQ5_0>(wt, bytes_per_row, a, M, nblocks, features, s); break;
+        case kQ5_1: dot_vnni_features<kQ5_1>(wt, bytes_per_row, a, M, nblocks, features, s); break;
+        default: dot_vnni_features<kQ8_0>(wt, bytes_per_row, a, M, nblocks, features, s);
       }
     } else
 #endif
     for (int64_t m = 0; m < M; ++m)
       for (int64_t n = 0; n < features; ++n)
-        s[m * features + n] = dot_portable(type, wt + n * row_bytes, a + m * nblocks, nblocks);
+        s[m * features + n] = dot_portable(type, wt + n * bytes_per_row, a + m * nblocks, nblocks);
     for (int64_t m = 0; m < M; ++m)
       for (int64_t n = 0; n < features; ++n) y[m * ldy + begin + n] = static_cast<T>(s[m * features + n]);
   });
@@ -352,9 +354,8 @@ at::Tensor ggml_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t ty
   const at::Tensor rows = x.contiguous();
   const int64_t M = rows.size(0), K = rows.size(1), N = out_features;
   TORCH_CHECK(K % kBlock == 0, "ggml_linear: in_features ", K, " is not a multiple of 32");
-  const int64_t row_bytes = K / kBlock * block_bytes(type);
-  TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.is_contiguous() && blocks.numel() == N * row_bytes,
-              "ggml_linear: blocks must be contiguous uint8 of ", N * row_bytes, " bytes");
+  TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.is_contiguous() && blocks.numel() == N * row_bytes(type, K),
+              "ggml_linear: blocks must be contiguous uint8 of ", N * row_bytes(type, K), " bytes");
   at::Tensor out = at::empty({M, N}, rows.options());
   const uint8_t* w = blocks.data_ptr<uint8_t>();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, rows.scalar_type(), "ggml_linear", [&] {
@@ -822,9 +823,9 @@ at::Tensor ggml_tiled_linear(const at::Tensor& x, const at::Tensor& blocks, int6
   const at::Tensor rows = x.contiguous();
   const int64_t M = rows.size(0), K = rows.size(1), N = out_features;
   TORCH_CHECK(K % block == 0, "ggml_tiled_linear: in_features ", K, " is not a multiple of ", block);
-  const int64_t row_bytes = K / block * block_bytes(type);
-  TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.is_contiguous() && blocks.numel() == N * row_bytes,
-              "ggml_tiled_linear: blocks must be contiguous uint8 of ", N * row_bytes, " bytes");
+  const int64_t bytes_per_row = row_bytes(type, K);
+  TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.is_contiguous() && blocks.numel() == N * bytes_per_row,
+              "ggml_tiled_linear: blocks must be contiguous uint8 of ", N * bytes_per_row, " bytes");
   at::Tensor out = at::empty({M, N}, rows.options().dtype(at::kFloat));
   if (M == 0) return out;  // no row to multiply: dequantize nothing
   float* y = out.data_ptr<float>();
@@ -843,7 +844,7 @@ at::Tensor ggml_tiled_linear(const at::Tensor& x, const at::Tensor& blocks, int6
 #endif
     for (int64_t t = begin; t < end; ++t) {
       const int64_t n0 = t * kTile, nt = std::min(kTile, N - n0);
-      const uint8_t* tile_blocks = w + n0 * row_bytes;
+      const uint8_t* tile_blocks = w + n0 * bytes_per_row;
       float* tile_out = y + n0;
 #if defined(KVSERVE_BF16)
       if (bf16) {
@@ -907,13 +908,15 @@ at::Tensor ggml_layer(const at::Tensor& x, const at::Tensor& blocks, at::IntArra
     TORCH_CHECK(K % block_weights(types[i]) == 0, "ggml_layer: in_features ", K, " is not a multiple of ",
                 block_weights(types[i]));
     total += out_features[i];
-    bytes += out_features[i] * (K / block_weights(types[i]) * block_bytes(types[i]));
+    bytes += out_features[i] * row_bytes(types[i], K);
   }
   TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.is_contiguous() && blocks.numel() == bytes,
               "ggml_layer: blocks must be contiguous uint8 of ", bytes, " bytes");
-  // bfloat16 and float16 rows tile in bfloat16, float32 ones as they are.
+  // bfloat16 and float16 rows tile in bfloat16 (converted once, at the first part that tiles), float32 ones as they are.
+  at::Tensor tile_rows;
   const auto tiled = [&](int64_t type, int64_t N, int64_t offset, int64_t part_bytes) {
-    return ggml_tiled_linear(f32 ? rows : rows.to(at::kBFloat16), blocks.narrow(0, offset, part_bytes), type, N,
+    if (!tile_rows.defined()) tile_rows = f32 ? rows : rows.to(at::kBFloat16);
+    return ggml_tiled_linear(tile_rows, blocks.narrow(0, offset, part_bytes), type, N,
                              simd && (f32 ? has_avx512() : has_bf16()));
   };
   if (types.size() == 1 && !(dots && takes_dots(types[0]))) {
@@ -924,7 +927,7 @@ at::Tensor ggml_layer(const at::Tensor& x, const at::Tensor& blocks, at::IntArra
   int64_t column = 0, offset = 0;
   for (size_t i = 0; i < types.size(); ++i) {
     const int64_t type = types[i], N = out_features[i];
-    const int64_t part_bytes = N * (K / block_weights(type) * block_bytes(type));
+    const int64_t part_bytes = N * row_bytes(type, K);
     if (dots && takes_dots(type)) {
       const uint8_t* w = blocks.data_ptr<uint8_t>() + offset;
       AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, rows.scalar_type(), "ggml_layer", [&] {
