@@ -696,16 +696,34 @@ void run_amx(const c10::BFloat16* x, int64_t M, int64_t K, const c10::BFloat16* 
 // ---- FP8 weights: y = (x W^T) * scale + b for W in float8 E4M3, converted in registers ----------
 //
 // The weight stays one byte an element: packed into panels of 32 columns in the bfloat16 pair layout
-// (for each pair of k, each column's two bytes adjacent), 64 bytes per k pair. Those 64 bytes become
-// two vectors of 32 bfloat16 (16 columns' pairs each), exactly, with two 128-entry table lookups
-// (vpermi2b on the 7 bits below the sign: the low and the high byte of each value), the sign or-ed
-// into the high bytes, and two byte shuffles interleaving low and high; every E4M3 value (subnormals,
-// NaN) is a bfloat16. bfloat16 x then multiplies with vdpbf16ps; float32 x with FMA on the pairs split
-// into float32 (each is a float32's top half). The scale (one, or one per output column) multiplies
-// the float32 sums once, with the bias added, before the one rounding to x's dtype.
+// (for each pair of k, each column's two bytes adjacent), 64 bytes per k pair; in a full panel those
+// 64 bytes are reordered (pack_fp8) so that in-lane unpacks interleave them. They become two vectors
+// of 32 bfloat16 (16 columns' pairs each), exactly, with two 128-entry table lookups (vpermi2b on the
+// 7 bits below the sign: the low and the high byte of each value), the sign or-ed into the high
+// bytes, and two byte unpacks interleaving low and high (a narrower last panel, in column order:
+// two cross-lane vpermt2b); every E4M3 value (subnormals, NaN) is a bfloat16. bfloat16 x then
+// multiplies with vdpbf16ps; float32 x with FMA on the pairs split into float32 (each is a float32's
+// top half). The scale (one, or one per output column) multiplies the float32 sums once, with the
+// bias added, before the one rounding to x's dtype.
 // Up to kFp8StageRows rows every row tile converts the panel in its registers (decode: no copy of
 // any weight); above, a panel's chunk of k is converted once into a per-thread bfloat16 buffer that
-// all the row tiles read (prefill), so converting costs no more than the chunk's multiplies.
+// all the row tiles read, while they prefetch the next chunk's bytes into L2 between them (nothing
+// else touches the FP8 stream while they multiply, so without it each chunk's conversion waited on
+// DRAM). Measured on a 2-core AMD EPYC (Zen 5: AVX-512, AVX512-BF16, no AMX) over the benchmark
+// model's projections (16 layers of 768->1280, 768->768, 2x 768->2048, 2048->768, from DRAM),
+// bfloat16 x, ms per sweep, medians of alternating rounds, before -> after (dense bfloat16). One
+// thread, 5 rounds: 1 row 3.37 -> 3.25 (5.65), 8 rows 5.44 -> 5.27 (5.78), 16 rows 9.69 -> 9.06
+// (8.63), 32 rows 20.26 -> 16.34 (14.70), 64 rows 33.83 -> 30.35 (28.43); at 32 rows the prefetch
+// gave 0.84x, the unpacks (in place of two cross-lane interleaves) 0.95x. Two threads, 7 rounds:
+// 1 row 2.65 -> 2.51 (6.07), 8 rows 3.23 -> 3.16 (5.65), 17 rows 9.13 -> 6.80 (6.44), 32 rows
+// 11.65 -> 9.71 (8.37). In the engine (benchmarks/quantization.py --decode-rounds 5
+// --decode-prompts 32, runs of the old and new tree in turn) FP8 decode against bfloat16's: 0.86,
+// 0.86, 0.89x before, 0.91, 0.96, 1.00, 1.09x after. The staged tiles alone (conversion skipped,
+// timing only) ran 32 rows on one thread in 13.6 ms, the dense kernel's rate: the rest is the
+// conversion. No gain: 12- or 16-row staged tiles (fewer loads per multiply), chunks of 128 or 512
+// k, staging from 9 rows, prefetching into L1, and converting the next chunk a pair at a time
+// between the tiles' multiplies into a second buffer (within 3% of converting it first: the
+// conversion's shuffles do not hide behind vdpbf16ps).
 // AMX (bfloat16 x, weights whose sizes fill its tiles, as for bfloat16 weights): the converted pairs
 // are the tiles' weight operand, so a panel's k steps are converted into L1 buffers that the tiles
 // load (up to 32 rows), or a whole panel into a per-thread buffer shared by every row group (more).
@@ -745,7 +763,23 @@ void check_fp8_weight(const at::Tensor& weight) {
 at::Tensor pack_fp8(const at::Tensor& weight) {
   check_fp8_weight(weight);
   TORCH_CHECK(fp8_supports(at::kFloat), "this build runs no float8 weights (it needs AVX-512 with VBMI)");
-  return pack_panels(weight, 2, kFp8Panel);
+  at::Tensor packed = pack_panels(weight, 2, kFp8Panel);
+  // Full panels: each k pair's 64 bytes reordered so that the in-lane byte unpacks of fp8_to_bf16 give
+  // the pairs in column order (byte 16l + j of the packed pair: its byte 8l + j, 16l + 8 + j: 32 + 8l + j).
+  const int64_t K = weight.size(1), full = weight.size(0) / kFp8Panel;
+  uint8_t* bytes = static_cast<uint8_t*>(packed.data_ptr());
+  at::parallel_for(0, full, 1, [&](int64_t p0, int64_t p1) {
+    uint8_t pair[2 * kFp8Panel];
+    for (uint8_t* g = bytes + p0 * kFp8Panel * K; g < bytes + p1 * kFp8Panel * K; g += 2 * kFp8Panel) {
+      std::memcpy(pair, g, sizeof(pair));
+      for (int l = 0; l < 4; ++l)
+        for (int j = 0; j < 8; ++j) {
+          g[16 * l + j] = pair[8 * l + j];
+          g[16 * l + 8 + j] = pair[32 + 8 * l + j];
+        }
+    }
+  });
+  return packed;
 }
 
 #if defined(KVSERVE_FP8)
@@ -796,12 +830,19 @@ struct Fp8Lut {
 };
 
 // 64 E4M3 bytes (a k pair of 32 columns) as bfloat16 pairs: w0 the first 16 columns', w1 the next 16.
-inline void fp8_to_bf16(__m512i raw, const Fp8Lut& t, __m512i& w0, __m512i& w1) {
+// A full panel's bytes are in pack_fp8's order, so in-lane unpacks interleave the low and high bytes
+// (a cross-lane vpermt2b each for a narrower panel's, which are in column order).
+inline void fp8_to_bf16(__m512i raw, const Fp8Lut& t, bool full, __m512i& w0, __m512i& w1) {
   const __m512i lo = _mm512_permutex2var_epi8(t.lo0, raw, t.lo1);  // index bit 7 (the sign) ignored
   __m512i hi = _mm512_permutex2var_epi8(t.hi0, raw, t.hi1);
   hi = _mm512_ternarylogic_epi32(hi, raw, t.sign, 0xF8);  // hi | (raw & 0x80)
-  w0 = _mm512_permutex2var_epi8(lo, t.first, hi);
-  w1 = _mm512_permutex2var_epi8(lo, t.second, hi);
+  if (full) {
+    w0 = _mm512_unpacklo_epi8(lo, hi);
+    w1 = _mm512_unpackhi_epi8(lo, hi);
+  } else {
+    w0 = _mm512_permutex2var_epi8(lo, t.first, hi);
+    w1 = _mm512_permutex2var_epi8(lo, t.second, hi);
+  }
 }
 
 inline __mmask64 fp8_pair_bytes(int64_t r) { return r >= kFp8Panel ? ~0ULL : (1ULL << (2 * r)) - 1; }
@@ -810,12 +851,14 @@ inline __mmask64 fp8_pair_bytes(int64_t r) { return r >= kFp8Panel ? ~0ULL : (1U
 // its weights converted from the panel's bytes (STAGED false) or read from `wide`, the chunk starting
 // at k0 already converted (32 columns' bfloat16 pairs per k pair). Accumulators start at zero (first)
 // or from the scratch c and go back to c, or, on the last chunk, times the scale plus the bias into
-// out. The fp8 stream prefetches kFp8Ahead bytes on, into L1.
+// out. The fp8 stream prefetches kFp8Ahead bytes on, into L1; staged, every `every`-th k pair from
+// `phase` prefetches the same pair's line of the next chunk into L2 (the tiles of a chunk share it out).
 template <typename T, int ROWS, bool STAGED>
 void fp8_tile(const T* x, int64_t ldx, const uint8_t* panel, const c10::BFloat16* wide, int64_t r, int64_t k0,
               int64_t k1, float* c, bool first, bool last, const float* scale, bool per_column, const T* bias,
-              T* out, int64_t ldo) {
+              T* out, int64_t ldo, int64_t phase, int64_t every) {
   const Fp8Lut lut;
+  int64_t turn = phase;
   const __mmask64 bytes = fp8_pair_bytes(r);
   __m512 acc[ROWS][2];
   #pragma GCC unroll 8
@@ -828,10 +871,15 @@ void fp8_tile(const T* x, int64_t ldx, const uint8_t* panel, const c10::BFloat16
       const c10::BFloat16* wk = wide + (k - k0) * kFp8Panel;
       w0 = _mm512_loadu_si512(wk);
       w1 = _mm512_loadu_si512(wk + 32);
+      if (turn == 0) {  // the chunk ends at k1: the next one (or the next panel's first) follows it
+        _mm_prefetch(reinterpret_cast<const char*>(panel + k * r + (k1 - k0) * r), _MM_HINT_T1);
+        turn = every;
+      }
+      --turn;
     } else {
       const uint8_t* wk = panel + k * r;  // this k pair's 2r bytes
       _mm_prefetch(reinterpret_cast<const char*>(wk) + kFp8Ahead, _MM_HINT_T0);
-      fp8_to_bf16(_mm512_maskz_loadu_epi8(bytes, wk), lut, w0, w1);
+      fp8_to_bf16(_mm512_maskz_loadu_epi8(bytes, wk), lut, r == kFp8Panel, w0, w1);
     }
     if constexpr (std::is_same_v<T, c10::BFloat16>) {
 #if defined(__AVX512BF16__)
@@ -874,7 +922,7 @@ void fp8_tile(const T* x, int64_t ldx, const uint8_t* panel, const c10::BFloat16
 
 template <typename T>
 using Fp8TileFn = void (*)(const T*, int64_t, const uint8_t*, const c10::BFloat16*, int64_t, int64_t, int64_t, float*,
-                           bool, bool, const float*, bool, const T*, T*, int64_t);
+                           bool, bool, const float*, bool, const T*, T*, int64_t, int64_t, int64_t);
 
 template <typename T, bool STAGED>
 constexpr Fp8TileFn<T> kFp8Tiles[kRowTile + 1] = {
@@ -888,7 +936,7 @@ void convert_fp8_chunk(const uint8_t* panel, int64_t r, int64_t k0, int64_t k1, 
   for (int64_t k = k0; k < k1; k += 2) {
     __m512i w0, w1;
     _mm_prefetch(reinterpret_cast<const char*>(panel + k * r) + kFp8Ahead, _MM_HINT_T0);
-    fp8_to_bf16(_mm512_maskz_loadu_epi8(bytes, panel + k * r), lut, w0, w1);
+    fp8_to_bf16(_mm512_maskz_loadu_epi8(bytes, panel + k * r), lut, r == kFp8Panel, w0, w1);
     _mm512_storeu_si512(wide + (k - k0) * kFp8Panel, w0);
     _mm512_storeu_si512(wide + (k - k0) * kFp8Panel + 32, w1);
   }
@@ -920,7 +968,7 @@ void run_fp8(const T* x, int64_t M, int64_t K, const uint8_t* packed, int64_t N,
             const int64_t i0 = m0 + t * kRowTile, n = std::min(kRowTile, M - i0);
             (staged ? kFp8Tiles<T, true> : kFp8Tiles<T, false>)[n](
                 x + i0 * K, K, panel, wide.data(), r, k0, k1, scratch.data() + t * kRowTile * kFp8Panel, k0 == 0,
-                k1 == K, s, per_column, b, out + i0 * N + n0, N);
+                k1 == K, s, per_column, b, out + i0 * N + n0, N, t, tiles);
           }
         }
       }
