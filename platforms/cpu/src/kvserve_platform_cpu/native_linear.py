@@ -98,9 +98,9 @@ class NativeLinearKernel(LinearKernel):
         return activation == "silu" and packed.dtype in self.dtypes
 
     def apply_gated(self, x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.Tensor:
-        """One ``gated_linear`` op: on the AVX-512 panels each thread streams gate's and up's panels of the same
-        columns in turn and writes SiLU-and-mul of the two (the layer op's math) from L1; on AMX tiles and
-        AVX2 the two products, then SiLU-and-mul."""
+        """One ``gated_linear`` op: up to 64 rows on the AVX-512 panels, each thread streams gate's and up's panels
+        of the same columns in turn and writes SiLU-and-mul of the two (the layer op's math) from L1; more rows,
+        AMX tiles and AVX2 run the two products, then SiLU-and-mul."""
         return self._gated_linear(x, gate, up)
 
     def pack_quantized(self, weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
