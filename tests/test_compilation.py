@@ -121,9 +121,13 @@ def test_compiled_greedy_tokens_match_hf_in_fp32_on_packed_weights(level, tiny_l
             isinstance(m.quant_method, PackedLinearMethod) and m.quant_method.kernel.name == kernel.name
             for m in linears
         )
-        assert f"linear_kernel={kernel.name} ({len(linears)}/{len(linears)} linear layers + lm_head)" in log
+        # Where the kernel fuses SiLU, each MLP's gate and up run as one gated call of it instead.
+        fused = sum(layer.mlp.gated_kernel is not None for layer in llm.engine.model.model.layers)
+        gated = f"; {fused} gated MLPs fused" if fused else ""
+        assert f"linear_kernel={kernel.name} ({len(linears)}/{len(linears)} linear layers + lm_head{gated})" in log
         code = "\n".join(path.read_text() for path in tmp_path.rglob("*.py"))
-        assert code.count(KERNEL_OPS[kernel.name]) == len(linears) * 2  # two graphs
+        assert code.count(KERNEL_OPS[kernel.name]) == (len(linears) - 2 * fused) * 2  # two graphs
+        assert code.count("torch.ops.kvserve_cpu_linear.gated_linear.default(") == fused * 2
 
 
 def test_start_up_line_and_bench_name_level_and_kernels(tiny_llama, startup_lines):
