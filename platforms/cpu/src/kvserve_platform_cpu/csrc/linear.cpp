@@ -59,6 +59,7 @@
 #include <cstring>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
@@ -1025,6 +1026,13 @@ void run_fp8_amx(const c10::BFloat16* x, int64_t M, int64_t K, const uint8_t* pa
 
 #endif  // KVSERVE_FP8
 
+// x's rows as one contiguous [M, K] matrix, and an empty output of x's shape with N last, in x's dtype.
+std::pair<at::Tensor, at::Tensor> rows_and_output(const at::Tensor& x, int64_t K, int64_t N) {
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = N;
+  return {x.reshape({-1, K}).contiguous(), at::empty(shape, x.options())};
+}
+
 at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale,
                       const c10::optional<at::Tensor>& bias) {
   check_fp8_weight(packed);
@@ -1037,10 +1045,7 @@ at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& packed, const at::T
   TORCH_CHECK(!bias.has_value() || (bias->dim() == 1 && bias->size(0) == N && bias->scalar_type() == x.scalar_type() &&
                                     bias->is_contiguous()),
               "bias must be a contiguous [", N, "] tensor of x's dtype");
-  const at::Tensor rows = x.reshape({-1, K}).contiguous();
-  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-  shape.back() = N;
-  at::Tensor out = at::empty(shape, x.options());
+  const auto [rows, out] = rows_and_output(x, K, N);
 #if defined(KVSERVE_FP8)
   const int64_t M = rows.size(0);
   const uint8_t* w = static_cast<const uint8_t*>(packed.data_ptr());
@@ -1071,10 +1076,7 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, const c1
   TORCH_CHECK(!bias.has_value() || (bias->dim() == 1 && bias->size(0) == N && bias->scalar_type() == x.scalar_type() &&
                                     bias->is_contiguous()),
               "bias must be a contiguous [", N, "] tensor of x's dtype");
-  const at::Tensor rows = x.reshape({-1, K}).contiguous();
-  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-  shape.back() = N;
-  at::Tensor out = at::empty(shape, x.options());
+  const auto [rows, out] = rows_and_output(x, K, N);
 #if defined(__AVX512F__)
   const int64_t M = rows.size(0);
   if (M > 0) {
@@ -1134,8 +1136,8 @@ void gated_rows(const at::Tensor& rows, const at::Tensor& gate, const at::Tensor
 
 // silu(x G^T) * (x U^T) for gate and up packed by pack() (one shape and dtype, no bias): one pass
 // over both weights where the product runs on the AVX-512 panels at decode sizes (up to kDecodeRows
-// rows); elsewhere (more rows, AMX tiles, AVX2) the two products, then silu-and-mul row by row. Either way the values of two linear() ops and the layer
-// op's silu_and_mul.
+// rows); elsewhere (more rows, AMX tiles, AVX2) the two products, then silu-and-mul row by row.
+// Either way the values of two linear() ops and the layer op's silu_and_mul.
 at::Tensor gated_linear(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& up) {
   check_weight(gate);
   TORCH_CHECK(up.sizes() == gate.sizes() && up.scalar_type() == gate.scalar_type() && up.is_contiguous(),
@@ -1144,12 +1146,8 @@ at::Tensor gated_linear(const at::Tensor& x, const at::Tensor& gate, const at::T
   const int64_t N = gate.size(0), K = gate.size(1);
   TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == gate.scalar_type() && x.size(-1) == K,
               "x must be a CPU tensor [..., ", K, "] of the weights' dtype ", gate.scalar_type());
-  const at::Tensor rows = x.reshape({-1, K}).contiguous();
-  const int64_t M = rows.size(0);
-  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-  shape.back() = N;
-  at::Tensor out = at::empty(shape, x.options());
-  if (M == 0) return out;
+  auto [rows, out] = rows_and_output(x, K, N);
+  if (rows.size(0) == 0) return out;
   if (x.scalar_type() == at::kFloat)
     gated_rows<float>(rows, gate, up, out);
   else

@@ -10,20 +10,10 @@
 // is min_p itself); the cumulative sum is the running sum of the block sums, and the total the
 // target is drawn against is that same sum, so a draw below the total always finds its block.
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VL__)
-#define CPU_CAPABILITY AVX512
-#define CPU_CAPABILITY_AVX512
-#elif defined(__AVX2__) && defined(__FMA__)
-#define CPU_CAPABILITY AVX2
-#define CPU_CAPABILITY_AVX2
-#else
-#define CPU_CAPABILITY DEFAULT
-#endif
+#include "vec_math.h"  // first: it picks at::vec's width
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <ATen/cpu/vec/functional.h>
-#include <ATen/cpu/vec/vec.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -34,7 +24,7 @@
 
 namespace {
 
-using Vec = at::vec::Vectorized<float>;
+using kvserve_vec::Vec;
 
 // Elements per block of the two-level scan: the last level is a scalar walk of at most this many.
 constexpr int64_t kBlock = 256;
