@@ -66,9 +66,9 @@ def test_optimization_level_is_validated():
         EngineConfig.from_flat(optimization_level=1, tensor_parallel_size=2)
 
 
-def test_padded_step_lands_in_the_persistent_buffers(tiny_llama):
-    llm = LLM(str(tiny_llama), dtype="float32", optimization_level=1, max_num_batched_tokens=32, max_num_seqs=4)
-    engine, runner = llm.engine, llm.engine.runner
+def _first_step(llm: LLM) -> tuple[StepInput, list[list[int]]]:
+    """The prompts' first (prefill) step, scheduled on ``llm``'s engine, and the prompts' ids."""
+    engine = llm.engine
     tokenizer = llm.get_tokenizer()
     prompt_ids = [tokenizer.encode(p) for p in PROMPTS]
     for i, ids in enumerate(prompt_ids):
@@ -76,8 +76,17 @@ def test_padded_step_lands_in_the_persistent_buffers(tiny_llama):
     step = StepInput.from_plan(
         engine.scheduler.schedule(), engine.kv_cache_manager, {"request": lambda r: int(r.request_id)}
     )
+    return step, prompt_ids
+
+
+def test_padded_step_lands_in_the_persistent_buffers(tiny_llama):
+    # 32 sequences: decode steps reach 32 tokens, so steps up to 32 tokens run compiled, padded.
+    llm = LLM(str(tiny_llama), dtype="float32", optimization_level=1, max_num_batched_tokens=32, max_num_seqs=32)
+    runner = llm.engine.runner
+    step, prompt_ids = _first_step(llm)
     input_ids, positions, batch, metadata = runner.prepare(step)
     real = sum(map(len, prompt_ids))
+    assert runner.compiled.buckets == (1, 2, 4, 8, 16, 32) and 16 < real < 32
     assert input_ids.shape[0] == positions.shape[0] == batch.slot_mapping.shape[0] == 32 > real
     assert input_ids.device == runner.device
     assert input_ids[:real].tolist() == [t for ids in prompt_ids for t in ids]
@@ -89,6 +98,18 @@ def test_padded_step_lands_in_the_persistent_buffers(tiny_llama):
     pointers = (input_ids.data_ptr(), positions.data_ptr(), batch.slot_mapping.data_ptr())
     again, again_pos, again_batch, _ = runner.prepare(step)
     assert (again.data_ptr(), again_pos.data_ptr(), again_batch.slot_mapping.data_ptr()) == pointers
+
+
+def test_steps_larger_than_a_decode_step_run_eagerly_unpadded(tiny_llama):
+    # 2 sequences: decode steps hold at most 2 tokens; the prompts' prefill is larger and runs eagerly.
+    llm = LLM(str(tiny_llama), dtype="float32", optimization_level=1, max_num_batched_tokens=32, max_num_seqs=2)
+    runner = llm.engine.runner
+    step, prompt_ids = _first_step(llm)
+    input_ids, _, batch, _ = runner.prepare(step)
+    real = sum(map(len, prompt_ids[:2]))  # two of the three prompts fit the batch
+    assert runner.compiled.buckets == (1, 2)
+    assert input_ids.shape[0] == batch.slot_mapping.shape[0] == real and not runner.compiled.runs(real)
+    assert "2 token buckets 1..2 (larger steps eager)" in llm.engine.execution_summary()
 
 
 @pytest.mark.parametrize("level", [1, 2])
@@ -107,10 +128,10 @@ def test_compiled_greedy_tokens_match_hf_in_fp32_on_packed_weights(level, tiny_l
     compiled = llm.engine.runner.compiled
     print(f"-O{level}: compiled {sorted(compiled.compile_seconds)} in {time.perf_counter() - start:.1f} s (cold cache)")
     assert [list(o.outputs[0].token_ids) for o in outputs] == expected
-    # One prefill step (padded to 32) and decode steps of 3 (padded to 4): two graphs, no more.
-    assert sorted(compiled.compile_seconds) == [4, 32]
+    # One prefill step, eager (larger than any decode step), and decode steps of 3 (padded to 4): one graph.
+    assert sorted(compiled.compile_seconds) == [4]
     assert f"optimization_level={level} (compiled: inductor" in log
-    assert "kvserve compile: 32-token graph" in log
+    assert "kvserve compile: 4-token graph" in log
     assert any(tmp_path.rglob("*.py")), "inductor wrote no cache under compile_cache_dir"
     kernel = CpuPlatform().linear_kernel()
     if kernel is not None:
@@ -126,8 +147,14 @@ def test_compiled_greedy_tokens_match_hf_in_fp32_on_packed_weights(level, tiny_l
         gated = f"; {fused} gated MLPs fused" if fused else ""
         assert f"linear_kernel={kernel.name} ({len(linears)}/{len(linears)} linear layers + lm_head{gated})" in log
         code = "\n".join(path.read_text() for path in tmp_path.rglob("*.py"))
-        assert code.count(KERNEL_OPS[kernel.name]) == (len(linears) - 2 * fused) * 2  # two graphs
-        assert code.count("torch.ops.kvserve_cpu_linear.gated_linear.default(") == fused * 2
+        assert code.count(KERNEL_OPS[kernel.name]) == len(linears) - 2 * fused  # one graph
+        assert code.count("torch.ops.kvserve_cpu_linear.gated_linear.default(") == fused
+    ops = CpuPlatform().layer_ops()
+    if ops is not None:
+        # Eager steps (the prefill) ran the platform's fused layer ops, the graph core's PyTorch ops.
+        assert f"layer_ops={ops.describe()} in eager steps, torch in compiled graphs" in log
+        code = "\n".join(path.read_text() for path in tmp_path.rglob("*.py"))
+        assert "kvserve_cpu_layer_ops" not in code
 
 
 def test_start_up_line_and_bench_name_level_and_kernels(tiny_llama, startup_lines):

@@ -13,7 +13,7 @@ from kvserve.layers.decoder import (
 )
 from kvserve.layers.embedding import VocabEmbedding
 from kvserve.layers.kv_store import store_kv
-from kvserve.layers.layer_ops import LayerOpsModule, TorchLayerOps, use_layer_ops
+from kvserve.layers.layer_ops import EagerAndGraphLayerOps, LayerOpsModule, TorchLayerOps, use_layer_ops
 from kvserve.layers.linear import (
     ColumnLinear,
     LinearBase,
@@ -34,6 +34,7 @@ __all__ = [
     "DecoderLayer",
     "DecoderModel",
     "DecoderSpec",
+    "EagerAndGraphLayerOps",
     "GatedMLP",
     "GeluTanhAndMul",
     "LayerOpsModule",

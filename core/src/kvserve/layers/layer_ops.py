@@ -57,6 +57,44 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return out.to(x.dtype)
 
 
+class EagerAndGraphLayerOps(LayerOps):
+    """``eager``'s ops in steps that run eagerly, core's PyTorch ops inside compiled graphs.
+
+    At a compiled level, inductor fuses the PyTorch ops with their neighbours, which it cannot do
+    with a platform's opaque kernels (nor trace them: they have no fake-tensor kernels); the steps
+    it does not compile (larger than any decode step) run the platform's fused kernels as level 0
+    does.
+    """
+
+    name: ClassVar[str] = "eager-and-graph"
+
+    def __init__(self, eager: LayerOps) -> None:
+        self.eager = eager
+        self.graph = TorchLayerOps()
+
+    def describe(self) -> str:
+        return f"{self.eager.describe()} in eager steps, torch in compiled graphs (inductor fuses them)"
+
+    def _ops(self) -> LayerOps:
+        return self.graph if torch.compiler.is_compiling() else self.eager
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float) -> torch.Tensor:
+        return self._ops().rms_norm(x, weight, eps, weight_offset)
+
+    def fused_add_rms_norm(
+        self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._ops().fused_add_rms_norm(x, residual, weight, eps, weight_offset)
+
+    def silu_and_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        return self._ops().silu_and_mul(gate, up)
+
+    def rotary_embedding(
+        self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._ops().rotary_embedding(positions, query, key, cos, sin)
+
+
 TORCH_LAYER_OPS = TorchLayerOps()
 """What every layer computes with until :func:`use_layer_ops` gives it a platform's."""
 

@@ -22,6 +22,7 @@ from kvserve.config import EngineConfig
 from kvserve.errors import ConfigError
 from kvserve.interfaces import AttentionBackend, LayerAttentionSpec, Platform
 from kvserve.layers import (
+    EagerAndGraphLayerOps,
     LinearBase,
     TorchLayerOps,
     attention_layers,
@@ -113,24 +114,27 @@ def _lora_slots(config: EngineConfig, platform: Platform, model: torch.nn.Module
 
 
 def _use_layer_ops(config: EngineConfig, platform: Platform, model: torch.nn.Module) -> str:
-    """Give the model's norm, activation and rope layers the platform's fused ops at level 0;
-    compiled levels keep core's PyTorch ops, which inductor fuses (it cannot see into opaque
-    kernels). Returns what the start-up line says."""
+    """Give the model's norm, activation and rope layers the platform's fused ops; inside compiled
+    graphs they keep core's PyTorch ops, which inductor fuses (it cannot see into opaque kernels).
+    Returns what the start-up line says."""
+    ops = platform.layer_ops() or TorchLayerOps()
     if config.compilation.optimization_level > 0:
-        ops = TorchLayerOps(reason="inductor fuses them")
-    else:
-        ops = platform.layer_ops() or TorchLayerOps()
+        ops = EagerAndGraphLayerOps(ops)
     use_layer_ops(model, ops)
     return ops.describe()
 
 
 def _compiled_forward(config: EngineConfig, model: torch.nn.Module) -> CompiledForward | None:
-    """The model's compiled forward at optimization levels 1 and 2; None at level 0 (eager)."""
+    """The model's compiled forward at optimization levels 1 and 2, for steps up to the largest decode
+    step (every running sequence's token and its drafts); None at level 0 (eager)."""
     compilation = config.compilation
     if compilation.optimization_level == 0:
         return None
+    scheduler, speculative = config.scheduler, config.decoding.speculative_config
+    tokens_per_seq = 1 + (speculative.num_speculative_tokens if speculative is not None else 0)
+    decode_tokens = min(scheduler.max_num_batched_tokens, scheduler.max_num_seqs * tokens_per_seq)
     freezing = compilation.optimization_level >= 2
-    return CompiledForward(model, config.scheduler.max_num_batched_tokens, freezing, compilation.compile_cache_dir)
+    return CompiledForward(model, decode_tokens, freezing, compilation.compile_cache_dir)
 
 
 def _attention_shape(model: torch.nn.Module) -> tuple[int, int, int]:

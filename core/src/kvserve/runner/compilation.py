@@ -1,7 +1,10 @@
 """The model's forward under ``torch.compile`` (inductor), one graph per token-count bucket.
 
-A step's token count is padded up to the next bucket (powers of two up to the largest step), so
-a handful of graphs serve every step and none is recompiled mid-run. Attention stays outside the
+A decode-sized step's token count is padded up to the next bucket (powers of two up to the
+largest decode step), so a handful of graphs serve every decode step and none is recompiled
+mid-run. Larger steps (prefills) run the model eagerly, unpadded: their GEMMs dwarf the Python
+around them, which is what compiling removes, and each of their buckets would cost a compile
+(~20 s for a 125M model on two cores) for no gain. Attention stays outside the
 graphs as the opaque ``kvserve::paged_attention`` op (see :mod:`kvserve.layers.attention`):
 everything the graphs see depends on the token count only. Linear layers a platform's
 :class:`~kvserve.interfaces.LinearKernel` packed call it inside the graphs (the packed weights are
@@ -47,7 +50,8 @@ def own_forward(model: torch.nn.Module) -> Any:
 
 
 class CompiledForward:
-    """``model.forward`` compiled per bucket of :func:`token_buckets` (``max_tokens``).
+    """``model.forward`` compiled per bucket of :func:`token_buckets` (``max_tokens``: the most tokens
+    a decode step holds); steps of more tokens are not its (:meth:`runs`).
 
     ``freezing``: inductor folds the weights into the graphs as constants and, on the CPU,
     prepacks for oneDNN/MKL the linear layers' weights the platform's kernel left dense.
@@ -81,15 +85,17 @@ class CompiledForward:
         self.compile_seconds: dict[int, float] = {}
         """Bucket -> seconds its first call took (compiling, or loading from the cache)."""
 
+    def runs(self, num_tokens: int) -> bool:
+        """Whether a step of ``num_tokens`` (padded) tokens runs compiled, not eagerly."""
+        return num_tokens <= self.buckets[-1]
+
     def padded_tokens(self, num_tokens: int) -> int:
-        """The bucket a step of ``num_tokens`` runs in."""
-        for bucket in self.buckets:
-            if bucket >= num_tokens:
-                return bucket
-        raise ValueError(f"a step of {num_tokens} tokens exceeds the largest compiled size {self.buckets[-1]}")
+        """The bucket a step of ``num_tokens`` runs in; ``num_tokens`` itself above the largest (eager)."""
+        return next((bucket for bucket in self.buckets if bucket >= num_tokens), num_tokens)
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> Any:
-        """Hidden states of the (bucket-padded) tokens; the first call of a bucket compiles it."""
+        """Hidden states of the bucket-padded tokens (a step it :meth:`runs`); the first call of a
+        bucket compiles it."""
         num_tokens = input_ids.shape[0]
         first = num_tokens not in self.compile_seconds
         start = time.perf_counter()
@@ -105,10 +111,10 @@ class CompiledForward:
         return hidden
 
     def describe(self) -> str:
-        """E.g. ``compiled: inductor, freezing, 12 token buckets 1..2048, 2 ready after 30.1 s``."""
+        """E.g. ``compiled: inductor, freezing, 6 token buckets 1..32 (larger steps eager), 2 ready after 30.1 s``."""
         freezing = ", freezing" if self.freezing else ""
         ready = len(self.compile_seconds)
         return (
-            f"compiled: inductor{freezing}, {len(self.buckets)} token buckets {self.buckets[0]}..{self.buckets[-1]}, "
-            f"{ready} ready after {sum(self.compile_seconds.values()):.1f} s"
+            f"compiled: inductor{freezing}, {len(self.buckets)} token buckets {self.buckets[0]}..{self.buckets[-1]} "
+            f"(larger steps eager), {ready} ready after {sum(self.compile_seconds.values()):.1f} s"
         )

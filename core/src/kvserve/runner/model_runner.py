@@ -41,7 +41,8 @@ class RunnerInfo:
 
 
 class ModelRunner:
-    """``compiled``: run the model through it (bucket-padded steps); None: eager, unpadded.
+    """``compiled``: run the steps it :meth:`~CompiledForward.runs` through it (bucket-padded), the
+    others eagerly, unpadded; None: every step eager, unpadded.
     ``lora``: the model's LoRA slots, which each step's ``lora_loads`` fill; None without LoRA.
 
     Per-step inputs are written into :class:`StepBuffers` allocated once, sized for steps of
@@ -75,8 +76,8 @@ class ModelRunner:
     def prepare(self, step: StepInput) -> tuple[torch.Tensor, torch.Tensor, AttentionBatch, dict[str, torch.Tensor]]:
         """Input ids, positions, the attention batch description and the per-token metadata of ``step``.
 
-        Under compilation the token dimension is padded to its bucket: padded tokens have id 0,
-        position 0, slot -1 and metadata -1 and belong to no sequence.
+        A step the compiled forward runs has its token dimension padded to its bucket: padded tokens
+        have id 0, position 0, slot -1 and metadata -1 and belong to no sequence.
         """
         bs, buf = self.block_size, self.buffers
         num_tokens, num_seqs = step.num_tokens, step.num_chunks
@@ -131,7 +132,8 @@ class ModelRunner:
             self.lora.load(step.lora_loads)
         input_ids, positions, batch, metadata = self.prepare(step)
         ctx = ForwardContext(self.backend, batch, self.backend.build_metadata(batch), self.kv_caches, metadata)
-        forward = self.model if self.compiled is None else self.compiled
+        compiled = self.compiled is not None and self.compiled.runs(input_ids.shape[0])
+        forward = self.compiled if compiled else self.model
         with current_forward_context(ctx):  # for layers the context is not passed to (linear layers)
             hidden = forward(input_ids, positions, ctx)
         samples = torch.from_numpy(step.sample_indices).to(self.device)
