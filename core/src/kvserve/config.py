@@ -192,8 +192,8 @@ class CompilationConfig(_Section):
         0,
         ge=0,
         le=2,
-        description="0: eager (quick start); 1: torch.compile, one graph per decode-sized token bucket (larger steps eager); "
-        "2: as 1 with inductor freezing (weights folded and prepacked for the GEMM libraries)",
+        description="0: eager (quick start); 1: torch.compile, one graph per decode-sized token bucket "
+        "(larger steps eager); 2: as 1 with inductor freezing (weights folded and prepacked for the GEMM libraries)",
     )
     compile_cache_dir: str | None = Field(
         None, description="Inductor's on-disk cache; None: $TORCHINDUCTOR_CACHE_DIR, else ~/.cache/kvserve/inductor"

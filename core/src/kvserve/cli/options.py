@@ -31,7 +31,8 @@ OptimizationLevel = Annotated[
         "--optimization-level",
         min=0,
         max=2,
-        help="0: eager, quick start; 1: torch.compile per decode-sized token bucket; 2: as 1 with weight freezing (default: 0).",
+        help="0: eager, quick start; 1: torch.compile per decode-sized token bucket; 2: as 1 with weight freezing "
+        "(default: 0).",
     ),
 ]
 ModelOption = Annotated[str | None, typer.Option(help="HF directory or .gguf file (default: the embedded SmolLM2).")]

@@ -71,11 +71,14 @@ def build_runner(config: EngineConfig, platform: Platform, source: Any, settings
     if lora is not None:
         info = dataclasses.replace(info, lora_kernel=lora.step.kernel.name, lora_targets=lora.targets)
     scheduler = config.scheduler
-    return ModelRunner(
+    runner = ModelRunner(
         model, backend, backend.allocate_kv_cache(num_blocks), info, platform.device(),
         _compiled_forward(config, model), scheduler.max_num_batched_tokens, scheduler.max_num_seqs,
         settings.max_model_len, lora,
     )  # fmt: skip
+    if runner.compiled is not None:
+        runner.compile_buckets()
+    return runner
 
 
 def _build_model(

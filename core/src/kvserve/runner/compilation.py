@@ -4,9 +4,11 @@ A decode-sized step's token count is padded up to the next bucket (powers of two
 largest decode step), so a handful of graphs serve every decode step and none is recompiled
 mid-run. Larger steps (prefills) run the model eagerly, unpadded: their GEMMs dwarf the Python
 around them, which is what compiling removes, and each of their buckets would cost a compile
-(~20 s for a 125M model on two cores) for no gain. Attention stays outside the
-graphs as the opaque ``kvserve::paged_attention`` op (see :mod:`kvserve.layers.attention`):
-everything the graphs see depends on the token count only. Linear layers a platform's
+(~20 s for a 125M model on two cores) for no gain. The runner compiles every bucket at start-up
+(:meth:`~kvserve.runner.model_runner.ModelRunner.compile_buckets`), so no step waits on a compile.
+Attention stays outside the graphs as the opaque ``kvserve::paged_attention`` op (see
+:mod:`kvserve.layers.attention`): everything the graphs see depends on the token count only.
+Linear layers a platform's
 :class:`~kvserve.interfaces.LinearKernel` packed call it inside the graphs (the packed weights are
 graph inputs), as they do eagerly. Compiled code is cached on disk
 (inductor's FX graph and AOT autograd caches, under ``compile_cache_dir``), so a second start

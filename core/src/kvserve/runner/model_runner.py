@@ -10,6 +10,7 @@ import torch
 
 from kvserve.forward_context import ForwardContext, current_forward_context
 from kvserve.interfaces import AttentionBackend, AttentionBatch
+from kvserve.kv_cache.block_pool import NULL_BLOCK
 from kvserve.lora.layers import LoRASlots
 from kvserve.runner.compilation import CompiledForward
 from kvserve.runner.step_buffers import StepBuffers
@@ -130,12 +131,7 @@ class ModelRunner:
         spans (and the sample positions' hidden states when ``step.keep_hidden_states``)."""
         if step.lora_loads:
             self.lora.load(step.lora_loads)
-        input_ids, positions, batch, metadata = self.prepare(step)
-        ctx = ForwardContext(self.backend, batch, self.backend.build_metadata(batch), self.kv_caches, metadata)
-        compiled = self.compiled is not None and self.compiled.runs(input_ids.shape[0])
-        forward = self.compiled if compiled else self.model
-        with current_forward_context(ctx):  # for layers the context is not passed to (linear layers)
-            hidden = forward(input_ids, positions, ctx)
+        hidden = self._forward(*self.prepare(step))
         samples = torch.from_numpy(step.sample_indices).to(self.device)
         sample_hidden = hidden[samples]
         logits = self.model.compute_logits(sample_hidden).float()
@@ -145,3 +141,31 @@ class ModelRunner:
         }
         kept = sample_hidden if step.keep_hidden_states else None
         return StepLogits(logits, step.sample_start_loc, prompt_logits, kept)
+
+    def _forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch, metadata: dict[str, torch.Tensor]
+    ) -> torch.Tensor:
+        """The model's hidden states of a prepared step: compiled where the compiled forward runs it."""
+        ctx = ForwardContext(self.backend, batch, self.backend.build_metadata(batch), self.kv_caches, metadata)
+        compiled = self.compiled is not None and self.compiled.runs(input_ids.shape[0])
+        forward = self.compiled if compiled else self.model
+        with current_forward_context(ctx):  # for layers the context is not passed to (linear layers)
+            return forward(input_ids, positions, ctx)
+
+    @torch.inference_mode()
+    def compile_buckets(self) -> None:
+        """Compile (or load from the cache) every bucket of the compiled forward now, at start-up, so
+        that no step waits on a compile: each on a decode step of that many one-token sequences, which
+        reads the null block and stores nothing."""
+        for bucket in self.compiled.buckets:
+            step = StepInput(
+                token_ids=np.zeros(bucket, dtype=np.int64),
+                query_start_loc=np.arange(bucket + 1, dtype=np.int64),
+                context_lens=np.zeros(bucket, dtype=np.int64),
+                block_tables=((NULL_BLOCK,),) * bucket,
+                sample_indices=np.zeros(0, dtype=np.int64),
+                sample_start_loc=np.zeros(bucket + 1, dtype=np.int64),
+            )
+            input_ids, positions, batch, metadata = self.prepare(step)
+            batch.slot_mapping.fill_(-1)  # padding's slot: the null block is left as it was
+            self._forward(input_ids, positions, batch, metadata)
