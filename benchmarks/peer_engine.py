@@ -50,12 +50,8 @@ def kvserve_engine(model: str, dtype: str, workload: dict, assignments: list[str
     def params(sampling: dict[str, Any]) -> list[SamplingParams]:
         return [SamplingParams(**sampling, max_tokens=n, min_tokens=n, ignore_eos=True) for n in new_tokens(workload)]
 
-    # A compiled level warms up with one whole untimed pass: with mixed output lengths the pass's tail
-    # decodes ever fewer sequences, token counts whose buckets the first pass alone compiles (the
-    # SmolLM2 chat mix compiled 5 of its 7 buckets there, ~25 s each, after a 2-token warm-up).
-    compiled = llm.config.compilation.optimization_level > 0
-    warm_up = params(GREEDY) if compiled else SamplingParams(temperature=0.0, max_tokens=2)
-    llm.generate(workload["prompts"], warm_up, use_tqdm=False)
+    # A compiled level compiled its decode buckets at start-up; the warm-up is the same for every level.
+    llm.generate(workload["prompts"], SamplingParams(temperature=0.0, max_tokens=2), use_tqdm=False)
     print(f"kvserve: {llm.engine.execution_summary()}", file=sys.stderr, flush=True)
 
     def run(sampling: dict[str, Any]) -> dict:
