@@ -134,6 +134,7 @@ def test_compiled_greedy_tokens_match_hf_in_fp32_on_packed_weights(level, tiny_l
     assert f"optimization_level={level} (compiled: inductor" in log
     assert "kvserve compile: 4-token graph" in log
     assert any(tmp_path.rglob("*.py")), "inductor wrote no cache under compile_cache_dir"
+    code = "\n".join(path.read_text() for path in tmp_path.rglob("*.py"))
     kernel = CpuPlatform().linear_kernel()
     if kernel is not None:
         # The graphs ran the CPU platform's packed GEMM: every dense layer computes through its
@@ -147,14 +148,12 @@ def test_compiled_greedy_tokens_match_hf_in_fp32_on_packed_weights(level, tiny_l
         fused = sum(layer.mlp.gated_kernel is not None for layer in llm.engine.model.model.layers)
         gated = f"; {fused} gated MLPs fused" if fused else ""
         assert f"linear_kernel={kernel.name} ({len(linears)}/{len(linears)} linear layers + lm_head{gated})" in log
-        code = "\n".join(path.read_text() for path in tmp_path.rglob("*.py"))
         assert code.count(KERNEL_OPS[kernel.name]) == (len(linears) - 2 * fused) * 3  # three graphs
         assert code.count("torch.ops.kvserve_cpu_linear.gated_linear.default(") == fused * 3
     ops = CpuPlatform().layer_ops()
     if ops is not None:
         # Eager steps (the prefill) ran the platform's fused layer ops, the graph core's PyTorch ops.
         assert f"layer_ops={ops.describe()} in eager steps, torch in compiled graphs" in log
-        code = "\n".join(path.read_text() for path in tmp_path.rglob("*.py"))
         assert "kvserve_cpu_layer_ops" not in code
 
 

@@ -57,6 +57,10 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return out.to(x.dtype)
 
 
+TORCH_LAYER_OPS = TorchLayerOps()
+"""What every layer computes with until :func:`use_layer_ops` gives it a platform's."""
+
+
 class EagerAndGraphLayerOps(LayerOps):
     """``eager``'s ops in steps that run eagerly, core's PyTorch ops inside compiled graphs.
 
@@ -70,13 +74,12 @@ class EagerAndGraphLayerOps(LayerOps):
 
     def __init__(self, eager: LayerOps) -> None:
         self.eager = eager
-        self.graph = TorchLayerOps()
 
     def describe(self) -> str:
         return f"{self.eager.describe()} in eager steps, torch in compiled graphs (inductor fuses them)"
 
     def _ops(self) -> LayerOps:
-        return self.graph if torch.compiler.is_compiling() else self.eager
+        return TORCH_LAYER_OPS if torch.compiler.is_compiling() else self.eager
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float) -> torch.Tensor:
         return self._ops().rms_norm(x, weight, eps, weight_offset)
@@ -93,10 +96,6 @@ class EagerAndGraphLayerOps(LayerOps):
         self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         return self._ops().rotary_embedding(positions, query, key, cos, sin)
-
-
-TORCH_LAYER_OPS = TorchLayerOps()
-"""What every layer computes with until :func:`use_layer_ops` gives it a platform's."""
 
 
 class LayerOpsModule(torch.nn.Module):
