@@ -1,12 +1,17 @@
-"""The memory-bandwidth floor of a decode step: every step reads every weight once.
+"""The floors under a decode step: reading every weight once, and multiplying by it.
 
-A decode step of ``B`` sequences multiplies ``B`` rows by each weight matrix, so below a few
-hundred rows the step is bound by reading the weights from memory, not by arithmetic. This
-loads the model with kvserve (the bytes its layers actually hold after packing), measures this
-machine's read bandwidth with the benchmark's thread count (a ``sum`` over a buffer far larger
-than the caches), and prints the implied floor per step and the ceiling in generated tokens/s
-for ``--batch`` sequences — the number no engine's decode can beat on this machine, to read
-kvserve's and its peers' throughput against.
+A decode step of ``B`` sequences multiplies ``B`` rows by each weight matrix: it reads every weight
+from memory once and does ``2 B`` FLOPs per weight element. This loads the model with kvserve (the
+bytes its layers actually hold after packing) and measures, with the benchmark's thread count, this
+machine's read bandwidth (a ``sum`` over a buffer far larger than the caches) and its multiply-add
+peak (``csrc/multiply_add_peak.cpp``: independent chains of the instruction the CPU platform's GEMM
+uses for the dtype, built with ``kvserve_cpu_native``). It prints both floors per step, which one
+binds, and the ceiling in generated tokens/s for ``--batch`` sequences — the number no engine's
+decode can beat on this machine, to read kvserve's and its peers' throughput against.
+
+Which floor binds depends on the machine, not only the model: at 32 rows a float32 step does
+16 FLOPs per byte read, so a CPU with two 512-bit FMA units a core and ~40 GB/s is bound by memory
+there, and one with a single unit (or a VM granted half of it) by arithmetic.
 
     python benchmarks/decode_roofline.py ~/.cache/kvserve-peers/models/llama-100m --dtype bfloat16 --batch 32
 """
@@ -16,11 +21,13 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
 from kvserve import LLM
 from kvserve.layers import VocabEmbedding
+from kvserve_cpu_native import load_operators
 
 
 def read_bandwidth(gib: float, repeat: int) -> float:
@@ -35,19 +42,46 @@ def read_bandwidth(gib: float, repeat: int) -> float:
     return buffer.numel() * 4 / statistics.median(seconds)
 
 
-def weight_bytes(model: torch.nn.Module) -> tuple[int, int]:
-    """(bytes a decode step reads, bytes left out): every parameter and buffer once, except lookup
-    tables read a row per token — rope's cos/sin and an input embedding that is not also the LM
-    head (``model.lm_head``; a tied head reads the whole table every step)."""
+def multiply_add_peak(bfloat16: bool, repeat: int) -> float:
+    """FLOP/s of this CPU's multiply-add units over torch's threads (median of ``repeat`` runs of
+    about 0.1 s); 0 where the build has neither AVX-512 nor AVX2 with FMA."""
+    load_operators("kvserve_bench", (Path(__file__).parent / "csrc" / "multiply_add_peak.cpp",))
+    peak = torch.ops.kvserve_bench.multiply_add_peak
+    peak(1_000_000, bfloat16)  # wakes the threads and the clocks
+    return statistics.median(peak(30_000_000, bfloat16) for _ in range(repeat))
+
+
+def matmul_elements(model: torch.nn.Module) -> int:
+    """Weight elements a decode token multiplies by: every 2-D float tensor a step reads whole (the
+    LM head's included). Packed quantized weights are not counted (their elements are not
+    multiply-adds one for one); this floor is for dense models."""
+    skipped = lookup_tables(model)
+    dense = (t for t in model_tensors(model) if t.dim() == 2 and t.dtype in (torch.float32, torch.bfloat16))
+    return sum(t.numel() for t in dense if id(t) not in skipped)
+
+
+def lookup_tables(model: torch.nn.Module) -> set[int]:
+    """Ids of the tensors a step reads a row of per token, not whole: rope's cos/sin and an input
+    embedding that is not also the LM head (``model.lm_head``; a tied head reads the whole table)."""
     lm_head = getattr(model, "lm_head", None)
     lookups = [m for m in model.modules() if isinstance(m, VocabEmbedding) and m is not lm_head]
     skipped = {id(t) for m in lookups for t in m.parameters()}
-    skipped |= {id(b) for name, b in model.named_buffers() if name.endswith((".cos", ".sin"))}
-    read, left_out, seen = 0, 0, set()
-    for tensor in [*model.parameters(), *model.buffers()]:
-        if id(tensor) in seen:
-            continue
-        seen.add(id(tensor))
+    return skipped | {id(b) for name, b in model.named_buffers() if name.endswith((".cos", ".sin"))}
+
+
+def model_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
+    """Every parameter and buffer once, and the LM head's packed copy (a platform kernel's, held
+    beside the parameters: :meth:`VocabEmbedding.pack_head`)."""
+    heads = [m.packed_head for m in model.modules() if isinstance(m, VocabEmbedding) and m.packed_head is not None]
+    return list({id(t): t for t in [*model.parameters(), *model.buffers(), *heads]}.values())
+
+
+def weight_bytes(model: torch.nn.Module) -> tuple[int, int]:
+    """(bytes a decode step reads, bytes left out): every tensor of :func:`model_tensors` except lookup
+    tables (:func:`lookup_tables`)."""
+    skipped = lookup_tables(model)
+    read, left_out = 0, 0
+    for tensor in model_tensors(model):
         size = tensor.numel() * tensor.element_size()
         if id(tensor) in skipped:
             left_out += size
@@ -68,12 +102,20 @@ def main() -> None:
     llm = LLM(args.model, dtype=args.dtype, max_model_len=256, num_kv_blocks=64)
     step_bytes, lookup_bytes = weight_bytes(llm.engine.model)
     bandwidth = read_bandwidth(args.buffer_gib, args.repeat)
-    floor = step_bytes / bandwidth
+    memory_floor = step_bytes / bandwidth
+    flops = 2 * args.batch * matmul_elements(llm.engine.model)
+    peak = multiply_add_peak(args.dtype == "bfloat16", args.repeat)
+    arithmetic_floor = flops / peak if peak else 0.0
+    floor = max(memory_floor, arithmetic_floor)
     print(
-        f"{args.dtype}, {torch.get_num_threads()} threads: a decode step reads {step_bytes / 1e6:.1f} MB of weights "
-        f"(lookup tables left out: {lookup_bytes / 1e6:.1f} MB); read bandwidth "
-        f"{bandwidth / 1e9:.1f} GB/s -> floor {floor * 1e3:.2f} ms per step, ceiling "
-        f"{args.batch / floor:.0f} gen tok/s at {args.batch} sequences"
+        f"{args.dtype}, {torch.get_num_threads()} threads, {args.batch} sequences: a decode step reads "
+        f"{step_bytes / 1e6:.1f} MB of weights (lookup tables left out: {lookup_bytes / 1e6:.1f} MB) and does "
+        f"{flops / 1e9:.2f} GFLOP of matmuls\n"
+        f"  memory: read bandwidth {bandwidth / 1e9:.1f} GB/s -> floor {memory_floor * 1e3:.2f} ms per step\n"
+        f"  arithmetic: multiply-add peak {peak / 1e9:.0f} GFLOP/s -> floor {arithmetic_floor * 1e3:.2f} ms per step"
+        + ("" if peak else " (no AVX-512 or AVX2 FMA in this build: not measured)")
+        + f"\n  bound by {'arithmetic' if arithmetic_floor > memory_floor else 'memory'}: ceiling "
+        f"{args.batch / floor:.0f} gen tok/s"
     )
 
 
