@@ -7,13 +7,16 @@ fallback). ``build_metadata`` (host planning, once per step) and ``forward`` (on
 separately; ``forward`` as wall-clock and as this process's CPU time (steadier on a shared machine).
 
     python benchmarks/attention_kernels.py [--json out.json] [--dtype float32] [--heads 32,8,64]
-        [--lookahead 1,3,7] [--contexts 500,2000] [--decodes-only]
+        [--lookahead 1,3,7] [--contexts 500,2000] [--decodes-only] [--layers 12]
 
 ``--lookahead K,...`` follows each decode case with the same sequences and contexts queried with
 1 + K tokens (speculative decoding's verification step; phase "lookahead"), each row also giving
 its time over the decode's (``vs_decode``): K/V are read once for all rows, so a kernel whose fast
 path serves such steps stays near 1. ``--contexts`` gives the decode cases these fixed cached
-lengths instead; ``--decodes-only`` drops the prefill cases.
+lengths instead; ``--decodes-only`` drops the prefill cases. ``--layers N`` gives each case N caches
+of its own, attended in turn as a step walks the layers, and reports the time per layer: once the N
+caches outgrow the last-level cache, every layer's K/V come from memory, as in an engine's step
+(with one cache, the default, they stay cached from one call to the next).
 """
 
 from __future__ import annotations
@@ -107,7 +110,7 @@ def lookahead_cases(cases: list[tuple], lookahead: list[int], contexts: list[int
     return out
 
 
-def bench_backend(cls, platform, shapes, iters: int) -> list[dict]:
+def bench_backend(cls, platform, shapes, iters: int, layers: int = 1) -> list[dict]:
     heads, kv_heads, head_dim = shapes["heads"]
     dtype = getattr(torch, shapes["dtype"])
     device = platform.device()
@@ -139,14 +142,13 @@ def bench_backend(cls, platform, shapes, iters: int) -> list[dict]:
             order = [[free.pop() for _ in range(n)] for n in blocks_each]
             batch = build_batch(order, contexts, [new] * num_seqs, spec.block_size, device)
             query = torch.randn(batch.num_tokens, heads, head_dim, generator=gen).to(dtype).to(device)
-            cache = None  # one cache per case: the variants share its layout
+            caches = None  # the case's caches, one a layer: the variants share their layout
             for kernel, variant in variants(cls):
                 backend = variant(spec)
                 if getattr(backend, "fallback_reason", None) is not None:  # no C++ kernel here: say so
                     kernel = "pytorch"
-                if cache is None:
-                    (cache,) = backend.allocate_kv_cache(num_blocks)
-                    cache.normal_()
+                if caches is None:
+                    caches = [backend.allocate_kv_cache(num_blocks)[0].normal_() for _ in range(layers)]
                 metadata = backend.build_metadata(batch)
                 row = {
                     "backend": cls.name,
@@ -156,14 +158,20 @@ def bench_backend(cls, platform, shapes, iters: int) -> list[dict]:
                     "cached_tokens": context,
                     "new_tokens": new,
                     "block_size": spec.block_size,
+                    "layers": layers,
                 }
                 runs.append(
-                    (row, partial(backend.forward, query, cache, metadata, 0), partial(backend.build_metadata, batch))
+                    (
+                        row,
+                        partial(attend_layers, backend, query, caches, metadata),
+                        partial(backend.build_metadata, batch),
+                    )
                 )
         forwards = timed([forward for _, forward, _ in runs], platform.synchronize, iters)
         metadata_ms = timed([build for _, _, build in runs], platform.synchronize, iters)
         decode_ms = {}  # kernel -> the group's decode's forward_ms
         for (row, _, _), (forward_ms, forward_cpu_ms), (build_ms, _) in zip(runs, forwards, metadata_ms):
+            forward_ms, forward_cpu_ms = forward_ms / layers, forward_cpu_ms / layers
             row.update(metadata_ms=build_ms, forward_ms=forward_ms, forward_cpu_ms=forward_cpu_ms)
             if row["phase"] == "decode":
                 decode_ms[row["kernel"]] = forward_ms
@@ -171,6 +179,12 @@ def bench_backend(cls, platform, shapes, iters: int) -> list[dict]:
                 row["vs_decode"] = forward_ms / decode_ms[row["kernel"]]
             rows.append(row)
     return rows
+
+
+def attend_layers(backend, query: torch.Tensor, caches: list, metadata) -> None:
+    """One forward per cache, in turn (every cache a layer of the spec's one layer's shape)."""
+    for cache in caches:
+        backend.forward(query, cache, metadata, 0)
 
 
 def int_list(text: str) -> list[int]:
@@ -190,9 +204,12 @@ def main() -> None:
     parser.add_argument("--lookahead", type=int_list, default=[], help="k,...: decodes also with 1 + k query tokens")
     parser.add_argument("--contexts", type=int_list, help="cached tokens of the decode cases, one case each")
     parser.add_argument("--decodes-only", action="store_true", help="leave out the prefill cases")
+    parser.add_argument("--layers", type=int, default=1, help="caches per case, attended in turn (time per layer)")
     args = parser.parse_args()
     if args.heads is not None and len(args.heads) != 3:
         parser.error("--heads: three numbers (query heads, KV heads, head size)")
+    if args.layers < 1:
+        parser.error("--layers: at least 1")
     if any(k < 1 for k in args.lookahead):
         parser.error("--lookahead: each k is at least 1 (the 1 + k query tokens of a verification step)")
     platform = first_platform()
@@ -210,11 +227,12 @@ def main() -> None:
     for name in names:
         cls = load_component("attention_backend", name)
         if platform.device_type in cls.device_types:
-            results["rows"] += bench_backend(cls, platform, shapes, args.iters)
+            results["rows"] += bench_backend(cls, platform, shapes, args.iters, args.layers)
     heads, kv_heads, head_dim = shapes["heads"]
     print(
         f"attention kernels on {platform.name}, {shapes['dtype']}, {heads}/{kv_heads} heads of {head_dim}, "
         f"{torch.get_num_threads()} threads"
+        + (f"; {args.layers} caches a case in turn, per layer" if args.layers > 1 else "")
     )
     for row in results["rows"]:
         if "skipped" in row:

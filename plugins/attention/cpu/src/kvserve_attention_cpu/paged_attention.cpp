@@ -400,9 +400,11 @@ inline void prefetch_rows(const T* const* keys, int64_t from, int64_t to, int64_
 // decode 1.2-1.5x slower from a cold cache). The values come along because they are weighed right
 // after the scores. The tile after that is asked for into L2 in one burst, which L2's deeper miss
 // queue takes: a decode's keys come from DRAM (every layer's cache in turn outgrows L3), and one tile
-// of lead left the loads waiting on it (measured, 32 decodes, 12/4 heads of 64, 12 layers' caches in
-// turn, two threads: bfloat16 0.93x the time after 50 keys, 0.78x after 150, 0.76x after 500-2,000;
-// float32 1.0x / 0.85x / 0.84x; hot caches unchanged; a further tile gained nothing).
+// of lead left the loads waiting on it. Measured on a 2-core AVX-512 CPU, 32 decodes, 12/4 heads of
+// 64, 12 layers' caches in turn, evicted from L3 between passes, the kernel before and after built
+// side by side and alternated for 11-15 rounds: bfloat16 0.93x the time after 50 keys, 0.78x after
+// 150, 0.76x after 500-2,000; float32 1.0x / 0.85-0.91x / 0.84-0.88x; from hot caches unchanged; a
+// further tile gained nothing. (`benchmarks/attention_kernels.py --layers 12` times such steps.)
 template <typename T, int HEAD_DIM>
 void score_keys(const Problem& p, const T* q_row, const T* const* keys, int64_t n, float* sc, int64_t stride,
                 Scratch& s, bool fetch) {
