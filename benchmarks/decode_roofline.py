@@ -62,9 +62,12 @@ def matmul_elements(model: torch.nn.Module) -> int:
 
 def lookup_tables(model: torch.nn.Module) -> set[int]:
     """Ids of the tensors a step reads a row of per token, not whole: rope's cos/sin and an input
-    embedding that is not also the LM head (``model.lm_head``; a tied head reads the whole table)."""
+    embedding that is not also the LM head (``model.lm_head``), or whose head multiplies a packed copy
+    (a tied head unpacked reads the whole table)."""
     lm_head = getattr(model, "lm_head", None)
-    lookups = [m for m in model.modules() if isinstance(m, VocabEmbedding) and m is not lm_head]
+    lookups = [
+        m for m in model.modules() if isinstance(m, VocabEmbedding) and (m is not lm_head or m.packed_head is not None)
+    ]
     skipped = {id(t) for m in lookups for t in m.parameters()}
     return skipped | {id(b) for name, b in model.named_buffers() if name.endswith((".cos", ".sin"))}
 
@@ -105,16 +108,28 @@ def main() -> None:
     memory_floor = step_bytes / bandwidth
     flops = 2 * args.batch * matmul_elements(llm.engine.model)
     peak = multiply_add_peak(args.dtype == "bfloat16", args.repeat)
-    arithmetic_floor = flops / peak if peak else 0.0
+    if not flops:
+        arithmetic = "not counted (no dense float weights: the model's matmuls are quantized)"
+    elif not peak:
+        arithmetic = "not measured (no AVX-512 or AVX2 FMA in this build)"
+    else:
+        arithmetic = f"multiply-add peak {peak / 1e9:.0f} GFLOP/s -> floor {flops / peak * 1e3:.2f} ms per step"
+    arithmetic_floor = flops / peak if flops and peak else 0.0
     floor = max(memory_floor, arithmetic_floor)
+    bound = (
+        "arithmetic"
+        if arithmetic_floor > memory_floor
+        else "memory"
+        if arithmetic_floor
+        else "memory (the only floor here)"
+    )
     print(
         f"{args.dtype}, {torch.get_num_threads()} threads, {args.batch} sequences: a decode step reads "
         f"{step_bytes / 1e6:.1f} MB of weights (lookup tables left out: {lookup_bytes / 1e6:.1f} MB) and does "
-        f"{flops / 1e9:.2f} GFLOP of matmuls\n"
+        f"{flops / 1e9:.2f} GFLOP of dense matmuls\n"
         f"  memory: read bandwidth {bandwidth / 1e9:.1f} GB/s -> floor {memory_floor * 1e3:.2f} ms per step\n"
-        f"  arithmetic: multiply-add peak {peak / 1e9:.0f} GFLOP/s -> floor {arithmetic_floor * 1e3:.2f} ms per step"
-        + ("" if peak else " (no AVX-512 or AVX2 FMA in this build: not measured)")
-        + f"\n  bound by {'arithmetic' if arithmetic_floor > memory_floor else 'memory'}: ceiling "
+        f"  arithmetic: {arithmetic}\n"
+        f"  bound by {bound}: ceiling "
         f"{args.batch / floor:.0f} gen tok/s"
     )
 
