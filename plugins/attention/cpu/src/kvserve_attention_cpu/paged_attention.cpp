@@ -382,14 +382,15 @@ struct Scratch {
 constexpr int64_t kKeyTile = 16;  // keys per dots16 call; score rows are padded to a multiple of it
 constexpr int64_t kWindowBytes = 384 << 10;  // keys and values an item's rows share at a time: fits L2
 
-// Asks for the cache lines of key rows [from, to) of keys (clipped to n; `row` elements each).
+// Asks for the cache lines of key rows [from, to) of keys (clipped to n; `row` elements each, from
+// `offset` elements on: p.kv_half for the value rows), into the cache level HINT names.
 // Blocks lie anywhere in the cache, so the hardware's stride prefetchers lose the trail at every
 // block boundary; these hints keep the loads ahead of the arithmetic.
-template <typename T>
-inline void prefetch_rows(const T* const* keys, int64_t from, int64_t to, int64_t n, int64_t row) {
+template <auto HINT = _MM_HINT_T0, typename T>
+inline void prefetch_rows(const T* const* keys, int64_t from, int64_t to, int64_t n, int64_t row, int64_t offset = 0) {
   for (int64_t j = from; j < std::min(to, n); ++j) {
-    const char* line = reinterpret_cast<const char*>(keys[j]);
-    for (int64_t b = 0; b < row * static_cast<int64_t>(sizeof(T)); b += 64) _mm_prefetch(line + b, _MM_HINT_T0);
+    const char* line = reinterpret_cast<const char*>(keys[j] + offset);
+    for (int64_t b = 0; b < row * static_cast<int64_t>(sizeof(T)); b += 64) _mm_prefetch(line + b, HINT);
   }
 }
 
@@ -422,12 +423,10 @@ void score_keys(const Problem& p, const T* q_row, const T* const* keys, int64_t 
       const int64_t lines = fetch ? std::clamp<int64_t>(n - ahead, 0, kKeyTile) * row_lines : 0;
       const int64_t per_head = (lines + p.heads - 1) / p.heads;  // one division a tile: one a head cost ~8%
       int64_t issued = 0, next_key = ahead, next_line = 0;  // the next line to ask for: (key, line of its row)
-      if (fetch)
-        for (int64_t t = ahead + kKeyTile; t < std::min(n, ahead + 2 * kKeyTile); ++t)
-          for (int64_t b = 0; b < row_lines; ++b) {
-            _mm_prefetch(reinterpret_cast<const char*>(keys[t]) + b * 64, _MM_HINT_T1);
-            _mm_prefetch(reinterpret_cast<const char*>(keys[t] + p.kv_half) + b * 64, _MM_HINT_T1);
-          }
+      if (fetch) {
+        prefetch_rows<_MM_HINT_T1>(keys, ahead + kKeyTile, ahead + 2 * kKeyTile, n, row);
+        prefetch_rows<_MM_HINT_T1>(keys, ahead + kKeyTile, ahead + 2 * kKeyTile, n, row, p.kv_half);
+      }
       for (int64_t kv_head = 0; kv_head < p.kv_heads; ++kv_head) {
         for (int64_t t = 0; t < kKeyTile; ++t)  // a short tile repeats its last key; those lanes are not stored
           tile[t] = keys[j0 + std::min(t, count - 1)] + kv_head * D;
