@@ -51,46 +51,31 @@ def multiply_add_peak(bfloat16: bool, repeat: int) -> float:
     return statistics.median(peak(30_000_000, bfloat16) for _ in range(repeat))
 
 
-def matmul_elements(model: torch.nn.Module) -> int:
-    """Weight elements a decode token multiplies by: every 2-D float tensor a step reads whole (the
-    LM head's included). Packed quantized weights are not counted (their elements are not
-    multiply-adds one for one); this floor is for dense models."""
-    skipped = lookup_tables(model)
-    dense = (t for t in model_tensors(model) if t.dim() == 2 and t.dtype in (torch.float32, torch.bfloat16))
-    return sum(t.numel() for t in dense if id(t) not in skipped)
-
-
-def lookup_tables(model: torch.nn.Module) -> set[int]:
-    """Ids of the tensors a step reads a row of per token, not whole: rope's cos/sin and an input
-    embedding that is not also the LM head (``model.lm_head``), or whose head multiplies a packed copy
-    (a tied head unpacked reads the whole table)."""
+def step_tensors(model: torch.nn.Module) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """(tensors a decode step reads whole, lookup tables it reads a row of per token), each tensor
+    once: every parameter and buffer, and the LM head's packed copy (a platform kernel's, held beside
+    the parameters: :meth:`VocabEmbedding.pack_head`). Lookups: rope's cos/sin and an input embedding
+    that is not also the LM head (``model.lm_head``), or whose head multiplies a packed copy (a tied
+    head unpacked reads the whole table)."""
     lm_head = getattr(model, "lm_head", None)
-    lookups = [
-        m for m in model.modules() if isinstance(m, VocabEmbedding) and (m is not lm_head or m.packed_head is not None)
-    ]
-    skipped = {id(t) for m in lookups for t in m.parameters()}
-    return skipped | {id(b) for name, b in model.named_buffers() if name.endswith((".cos", ".sin"))}
+    embeddings = [m for m in model.modules() if isinstance(m, VocabEmbedding)]
+    heads = [m.packed_head for m in embeddings if m.packed_head is not None]
+    lookup_ids = {id(t) for m in embeddings if m is not lm_head or m.packed_head is not None for t in m.parameters()}
+    lookup_ids |= {id(b) for name, b in model.named_buffers() if name.endswith((".cos", ".sin"))}
+    tensors = {id(t): t for t in [*model.parameters(), *model.buffers(), *heads]}.values()
+    return [t for t in tensors if id(t) not in lookup_ids], [t for t in tensors if id(t) in lookup_ids]
 
 
-def model_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
-    """Every parameter and buffer once, and the LM head's packed copy (a platform kernel's, held
-    beside the parameters: :meth:`VocabEmbedding.pack_head`)."""
-    heads = [m.packed_head for m in model.modules() if isinstance(m, VocabEmbedding) and m.packed_head is not None]
-    return list({id(t): t for t in [*model.parameters(), *model.buffers(), *heads]}.values())
+def dense_elements(tensors: list[torch.Tensor]) -> int:
+    """Weight elements a decode token multiplies by: those of the 2-D float tensors. Packed quantized
+    weights are not counted (their elements are not multiply-adds one for one); this floor is for
+    dense models."""
+    return sum(t.numel() for t in tensors if t.dim() == 2 and t.dtype in (torch.float32, torch.bfloat16))
 
 
-def weight_bytes(model: torch.nn.Module) -> tuple[int, int]:
-    """(bytes a decode step reads, bytes left out): every tensor of :func:`model_tensors` except lookup
-    tables (:func:`lookup_tables`)."""
-    skipped = lookup_tables(model)
-    read, left_out = 0, 0
-    for tensor in model_tensors(model):
-        size = tensor.numel() * tensor.element_size()
-        if id(tensor) in skipped:
-            left_out += size
-        else:
-            read += size
-    return read, left_out
+def total_bytes(tensors: list[torch.Tensor]) -> int:
+    """Bytes the tensors hold."""
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def main() -> None:
@@ -103,26 +88,24 @@ def main() -> None:
     args = parser.parse_args()
 
     llm = LLM(args.model, dtype=args.dtype, max_model_len=256, num_kv_blocks=64)
-    step_bytes, lookup_bytes = weight_bytes(llm.engine.model)
+    whole, lookups = step_tensors(llm.engine.model)
+    step_bytes, lookup_bytes = total_bytes(whole), total_bytes(lookups)
     bandwidth = read_bandwidth(args.buffer_gib, args.repeat)
     memory_floor = step_bytes / bandwidth
-    flops = 2 * args.batch * matmul_elements(llm.engine.model)
+    flops = 2 * args.batch * dense_elements(whole)
     peak = multiply_add_peak(args.dtype == "bfloat16", args.repeat)
+    arithmetic_floor = flops / peak if flops and peak else 0.0
     if not flops:
         arithmetic = "not counted (no dense float weights: the model's matmuls are quantized)"
     elif not peak:
         arithmetic = "not measured (no AVX-512 or AVX2 FMA in this build)"
     else:
-        arithmetic = f"multiply-add peak {peak / 1e9:.0f} GFLOP/s -> floor {flops / peak * 1e3:.2f} ms per step"
-    arithmetic_floor = flops / peak if flops and peak else 0.0
+        arithmetic = f"multiply-add peak {peak / 1e9:.0f} GFLOP/s -> floor {arithmetic_floor * 1e3:.2f} ms per step"
+    if not arithmetic_floor:
+        bound = "memory (the only floor here)"
+    else:
+        bound = "arithmetic" if arithmetic_floor > memory_floor else "memory"
     floor = max(memory_floor, arithmetic_floor)
-    bound = (
-        "arithmetic"
-        if arithmetic_floor > memory_floor
-        else "memory"
-        if arithmetic_floor
-        else "memory (the only floor here)"
-    )
     print(
         f"{args.dtype}, {torch.get_num_threads()} threads, {args.batch} sequences: a decode step reads "
         f"{step_bytes / 1e6:.1f} MB of weights (lookup tables left out: {lookup_bytes / 1e6:.1f} MB) and does "
