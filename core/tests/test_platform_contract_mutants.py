@@ -24,6 +24,7 @@ SUBJECTS = {
     "TestLoRAPrefillLosesLastToken": Subject("platform", "mutant_platform:LoRAPrefillLosesLastToken"),
     "TestLoRADecodeRowsShareOneAdapter": Subject("platform", "mutant_platform:LoRADecodeRowsShareOneAdapter"),
     "TestGatedProductSwapsGateAndUp": Subject("platform", "mutant_platform:GatedProductSwapsGateAndUp"),
+    "TestLogitsSkipTheRounding": Subject("platform", "mutant_platform:LogitsSkipTheRounding"),
     "TestRealCpuPlatform": Subject("platform", "kvserve_platform_cpu.platform:CpuPlatform"),
 }
 
@@ -84,3 +85,9 @@ def test_a_gated_product_mutant_fails_the_gated_check_only(outcomes):
     failures = failed(outcomes["TestGatedProductSwapsGateAndUp"])
     assert failures and all(test.startswith("test_linear_kernel_gated_product") for test in failures), failures
     assert all("is not silu(gate) * up" in message for message in failures.values()), failures
+
+
+def test_a_logits_mutant_fails_the_logits_check_only(outcomes):
+    failures = failed(outcomes["TestLogitsSkipTheRounding"])
+    assert failures and all(test.startswith("test_linear_kernel_logits") for test in failures), failures
+    assert all("is not apply's product widened to float32" in message for message in failures.values()), failures

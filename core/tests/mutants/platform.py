@@ -140,3 +140,27 @@ class GatedProductSwapsGateAndUp(CpuPlatform):
 
     def linear_kernel(self) -> LinearKernel:
         return _GatedSwapsGateAndUp()
+
+
+class _LogitsSkipTheRounding(LinearKernel):
+    """F.linear, and logits multiplied in float32 from the start: not the product in x's dtype, widened."""
+
+    name = "unrounded-logits"
+
+    def pack(self, weight: torch.Tensor) -> torch.Tensor:
+        return weight.clone()
+
+    def apply(self, x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return F.linear(x, packed, bias)
+
+    def apply_logits(self, x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+        return F.linear(x.float(), packed.float())
+
+
+class LogitsSkipTheRounding(CpuPlatform):
+    """Its linear kernel's logits are not its product widened: bfloat16 ones are never rounded."""
+
+    name = "cpu_logits_unrounded"
+
+    def linear_kernel(self) -> LinearKernel:
+        return _LogitsSkipTheRounding()

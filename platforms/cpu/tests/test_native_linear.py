@@ -158,6 +158,8 @@ def test_the_op_says_what_is_wrong_with_its_inputs():
         kernel.apply(torch.randn(2, 34, dtype=torch.float64), packed, None)
     with pytest.raises(RuntimeError, match=r"x must be a CPU tensor \[\.\.\., 34\]"):
         kernel.apply(torch.randn(2, 33), packed, None)
+    with pytest.raises(RuntimeError, match=r"x must be a CPU tensor \[\.\.\., 34\] of the weight's dtype Float"):
+        kernel.apply_logits(torch.randn(2, 34, dtype=torch.bfloat16), packed)
     with pytest.raises(RuntimeError, match=r"bias must be a contiguous \[50\] tensor of x's dtype"):
         kernel.apply(torch.randn(2, 34), packed, torch.randn(49))
     with pytest.raises(RuntimeError, match=r"bias must be a contiguous \[50\] tensor of x's dtype"):
@@ -253,6 +255,22 @@ def test_gated_product_takes_only_silu_on_its_dtypes_and_names_mismatched_weight
         kernel.apply_gated(torch.randn(2, 34), packed, kernel.pack(torch.randn(48, 34)), "silu")
 
 
+@pytest.mark.parametrize("m", [0, 1, 7, 9, 32, 65, 257])
+@pytest.mark.parametrize(("n", "k"), SIZES + AMX_SIZES)
+@pytest.mark.parametrize("dtype", GATED_DTYPES)
+def test_logits_are_the_product_widened_to_float32(m, n, k, dtype):
+    """The LM head's float32 logits: bit for bit the product in x's dtype, widened (bfloat16 on the
+    AVX-512 panels writes them itself); leading dimensions kept."""
+    gen = torch.Generator().manual_seed(m * 1000 + n + k)
+    packed = kernel.pack(torch.randn(n, k, generator=gen).to(dtype))
+    x = torch.randn(m, k, generator=gen).to(dtype)
+    logits = kernel.apply_logits(x, packed)
+    assert logits.dtype == torch.float32 and logits.is_contiguous()
+    assert torch.equal(logits, kernel.apply(x, packed, None).float())
+    batched = x.repeat(2, 1).reshape(2, m, k)
+    assert torch.equal(kernel.apply_logits(batched, packed), logits.repeat(2, 1).reshape(2, m, n))
+
+
 def test_compiled_graph_calls_the_op_and_matches_eager():
     """Costs ~8 s on 2 cores (inductor builds one small C++ kernel for the + 1)."""
     from torch._inductor.utils import run_and_get_code
@@ -263,11 +281,12 @@ def test_compiled_graph_calls_the_op_and_matches_eager():
     packed = kernel.pack(weight)
 
     def step(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
-        return kernel.apply(x, packed, None) + kernel.apply_gated(x, packed, packed, "silu")
+        gated = kernel.apply_gated(x, packed, packed, "silu")
+        return kernel.apply(x, packed, None) + gated + kernel.apply_logits(x, packed)
 
     start = time.perf_counter()
     compiled, code = run_and_get_code(torch.compile(step, fullgraph=True), x, packed)
-    print(f"torch.compile of one linear + one gated product: {time.perf_counter() - start:.1f} s")
-    for op in ("linear", "gated_linear"):
+    print(f"torch.compile of one linear, one gated product and logits: {time.perf_counter() - start:.1f} s")
+    for op in ("linear", "gated_linear", "logits"):
         assert f"torch.ops.kvserve_cpu_linear.{op}.default(" in "\n".join(code)
     torch.testing.assert_close(compiled, step(x, packed), rtol=0, atol=0)

@@ -53,6 +53,14 @@ class LinearKernel(ABC):
         dynamo traces and inductor compiles, e.g. one opaque ``torch.library.custom_op`` with a
         fake implementation giving the output's shape."""
 
+    def apply_logits(self, x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+        """The LM head's logits: float32 ``x @ W.T`` for ``x`` ``[..., in_features]``, where ``packed`` is
+        what :meth:`pack` returned for ``W`` (no bias); exactly the values of ``apply(x, packed,
+        None).float()`` (the product rounded to ``x``'s dtype, then widened), which the default
+        computes. A kernel may write them as float32 itself, sparing the logits a second pass. Under
+        ``torch.compile`` the same rule as :meth:`apply`."""
+        return self.apply(x, packed, None).float()
+
     def fuses_gated(self, activation: str, packed: torch.Tensor) -> bool:
         """Whether :meth:`apply_gated` runs a gated MLP's ``activation`` (``"silu"``: SwiGLU,
         ``"gelu_tanh"``: GeGLU) for gate and up weights packed like ``packed`` (what :meth:`pack`

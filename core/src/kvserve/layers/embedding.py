@@ -100,7 +100,8 @@ class VocabEmbedding(torch.nn.Module):
         return F.embedding(local_ids, self.weight)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """LM-head logits ``hidden [n, hidden] @ W^T`` in ``hidden``'s dtype: ``[n, vocab_size]`` on
+        """LM-head logits ``hidden [n, hidden] @ W^T`` in ``hidden``'s dtype, widened to float32 where a
+        kernel runs the head (:meth:`LinearKernel.apply_logits`): ``[n, vocab_size]`` on
         rank 0; every other rank gets its own shard's ``[n, shard_rows]`` (padding included), which
         its caller discards (only rank 0 returns logits)."""
         if self.quantized is not None:
@@ -110,7 +111,7 @@ class VocabEmbedding(torch.nn.Module):
         elif self.head_kernel is None:
             local = F.linear(hidden, self.weight)
         else:
-            local = self.head_kernel.apply(hidden, self.packed_head, None)
+            local = self.head_kernel.apply_logits(hidden, self.packed_head)
         if distributed.world_size() == 1:
             return local
         full = distributed.gather(local, dim=-1)

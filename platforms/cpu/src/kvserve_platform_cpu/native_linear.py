@@ -66,7 +66,7 @@ class NativeLinearKernel(LinearKernel):
         _register_fake()
         ops = getattr(torch.ops, LIBRARY)
         self._pack, self._linear, self._on_amx = ops.pack.default, ops.linear.default, ops.on_amx.default
-        self._gated_linear = ops.gated_linear.default
+        self._gated_linear, self._logits = ops.gated_linear.default, ops.logits.default
         self._pack_fp8, self._fp8_linear = ops.pack_fp8.default, ops.fp8_linear.default
         self.fp8_dtypes = frozenset(d for d in (torch.float32, torch.bfloat16) if ops.fp8_supports(d))
         """Activation dtypes the kernel multiplies FP8 weights in (none without AVX-512 VBMI)."""
@@ -93,6 +93,12 @@ class NativeLinearKernel(LinearKernel):
             return self.fallback.apply(x, packed, bias)
         # The op has a fake implementation (_register_fake), so compiled graphs call it as an opaque kernel.
         return self._linear(x, packed, bias)
+
+    def apply_logits(self, x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+        """One ``logits`` op: bfloat16 on the AVX-512 panels writes its rounded sums as float32 directly."""
+        if packed.dtype not in self.dtypes:
+            return self.fallback.apply_logits(x, packed)
+        return self._logits(x, packed)
 
     def fuses_gated(self, activation: str, packed: torch.Tensor) -> bool:
         return activation == "silu" and packed.dtype in self.dtypes
@@ -168,6 +174,10 @@ def _register_fake() -> None:
     @torch.library.register_fake(f"{LIBRARY}::gated_linear")
     def _(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         return x.new_empty((*x.shape[:-1], gate.shape[0]))
+
+    @torch.library.register_fake(f"{LIBRARY}::logits")
+    def _(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+        return x.new_empty((*x.shape[:-1], packed.shape[0]), dtype=torch.float32)
 
     @torch.library.register_fake(f"{LIBRARY}::fp8_linear")
     def _(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

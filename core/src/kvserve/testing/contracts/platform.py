@@ -51,7 +51,9 @@ class PlatformContract(ComponentContract):
       leaves the base model's rows exactly as they were;
     - where its ``linear_kernel()`` fuses a gated MLP (``fuses_gated``), ``apply_gated`` gives what
       ``apply`` on gate and on up, then PyTorch's activation-and-multiply give (up to rounding), at
-      1, 7 and 33 rows, in every dtype the platform runs.
+      1, 7 and 33 rows, in every dtype the platform runs;
+    - its ``apply_logits`` (the LM head's) gives float32 logits bit for bit ``apply``'s product
+      widened, at the same rows, in every dtype the platform runs and the kernel packs.
     """
 
     kind = "platform"
@@ -320,3 +322,27 @@ class PlatformContract(ComponentContract):
             fused.append(dtype_name)
         if not fused:
             pytest.skip(f"the linear kernel fuses no gated {activation} MLP in {list(instance.supported_dtypes)}")
+
+    def test_linear_kernel_logits_are_its_product_widened_to_float32(self, instance, linear_kernel, seed):
+        """100 vocabulary rows over 64 inputs, per dtype the platform runs and the kernel packs: the
+        sampler's float32 logits are the values the product in that dtype rounds to."""
+        device, packed_dtypes = instance.device(), []
+        for dtype_name in instance.supported_dtypes:
+            gen = torch.Generator().manual_seed(seed)
+            packed = linear_kernel.pack(torch.randn(100, 64, generator=gen).to(device, getattr(torch, dtype_name)))
+            if packed is None:
+                continue
+            for rows in (1, 7, 33):
+                x = torch.randn(rows, 64, generator=gen).to(device, getattr(torch, dtype_name))
+                logits = linear_kernel.apply_logits(x, packed)
+                where = f"apply_logits ({dtype_name}, {rows} rows)"
+                assert logits.dtype == torch.float32, f"{where} gave {logits.dtype}, not float32"
+                expected = linear_kernel.apply(x, packed, None).float()
+                mismatched = (logits != expected).sum().item()
+                assert mismatched == 0, (
+                    f"{where} is not apply's product widened to float32: {mismatched} of {expected.numel()} "
+                    f"logits differ (largest by {(logits - expected).abs().max().item():.3g})"
+                )
+            packed_dtypes.append(dtype_name)
+        if not packed_dtypes:
+            pytest.skip(f"the linear kernel packs no weight in {list(instance.supported_dtypes)}")

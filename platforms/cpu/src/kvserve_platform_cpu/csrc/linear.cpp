@@ -3,6 +3,7 @@
 // kvserve_cpu_linear::pack(weight) -> packed    weight [N, K] float32 or bfloat16, contiguous
 // kvserve_cpu_linear::linear(x, packed, bias?) -> y    x [..., K] in the weight's dtype
 // kvserve_cpu_linear::gated_linear(x, gate, up) -> y  y = silu(x G^T) * (x U^T), G and U packed alike
+// kvserve_cpu_linear::logits(x, packed) -> y    linear(x, packed) widened to float32 (the LM head's)
 // kvserve_cpu_linear::isa() -> str              "avx512" or "avx2": the instructions the products run on
 // kvserve_cpu_linear::supports(dtype) -> bool   whether this build runs the dtype
 // kvserve_cpu_linear::amx() -> bool             whether bfloat16 runs on AMX tiles here
@@ -213,8 +214,14 @@ inline void store_out(float* o, __mmask16 m, __m512 v) { _mm512_mask_storeu_ps(o
 inline void store_out(c10::BFloat16* o, __mmask16 m, __m512 v) {
   _mm256_mask_storeu_epi16(o, m, (__m256i)_mm512_cvtneps_pbh(v));  // round to nearest even
 }
+// bfloat16 products' float32 logits: rounded to bfloat16 as the bfloat16 output would be, then widened.
+inline __m512 rounded_to_bf16(__m512 v) {
+  const __m256i bits = (__m256i)_mm512_cvtneps_pbh(v);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
 #else
 inline void store_out(c10::BFloat16*, __mmask16, __m512) {}  // bfloat16 is refused by supports()
+inline __m512 rounded_to_bf16(__m512 v) { return v; }
 #endif
 
 template <bool TO_L1>
@@ -227,14 +234,14 @@ inline void prefetch_line(const char* line) {
 
 // One register tile: ROWS rows of x against one panel (width r) over k in [k0, k1). Accumulators
 // start at zero (first chunk) or from the scratch c, and go back to c, or, on the last chunk, to out
-// (+ bias) in T. Every `every`-th k step, starting at `phase`, prefetches the weight lines `ahead`
+// (+ bias) in O: T, or float32 holding T's rounded values (the LM head's logits). Every `every`-th k step, starting at `phase`, prefetches the weight lines `ahead`
 // bytes on (the next chunk), into L1 or L2 (TO_L1), so that the tiles of one chunk request the next
 // one between them.
 // Every loop over rows or blocks is unrolled: an accumulator indexed at run time anywhere would keep
 // the whole array in memory.
-template <typename T, int ROWS, bool TO_L1>
+template <typename T, typename O, int ROWS, bool TO_L1>
 void tile(const T* x, int64_t ldx, const T* w, int64_t r, int64_t k0, int64_t k1, float* c, bool first,
-          int64_t ahead, int64_t phase, int64_t every, T* out, int64_t ldo, const T* bias) {
+          int64_t ahead, int64_t phase, int64_t every, O* out, int64_t ldo, const T* bias) {
   constexpr bool kBf16 = std::is_same_v<T, c10::BFloat16>;
   const __mmask16 m0 = lanes(r), m1 = lanes(r - 16), m2 = lanes(r - 32);
   __m512 acc[ROWS][3];
@@ -292,30 +299,34 @@ void tile(const T* x, int64_t ldx, const T* w, int64_t r, int64_t k0, int64_t k1
     if (!mask) break;
     const __m512 add = bias ? load_bias(bias + 16 * b, mask) : _mm512_setzero_ps();
     #pragma GCC unroll 8
-    for (int i = 0; i < ROWS; ++i) store_out(out + i * ldo + 16 * b, mask, _mm512_add_ps(acc[i][b], add));
+    for (int i = 0; i < ROWS; ++i) {
+      const __m512 sum = _mm512_add_ps(acc[i][b], add);
+      store_out(out + i * ldo + 16 * b, mask, kBf16 && std::is_same_v<O, float> ? rounded_to_bf16(sum) : sum);
+    }
   }
 }
 
-template <typename T>
+template <typename T, typename O>
 using TileFn = void (*)(const T*, int64_t, const T*, int64_t, int64_t, int64_t, float*, bool, int64_t, int64_t,
-                        int64_t, T*, int64_t, const T*);
+                        int64_t, O*, int64_t, const T*);
 
-template <typename T, bool TO_L1>
-constexpr TileFn<T> kTiles[kRowTile + 1] = {nullptr,
-                                            &tile<T, 1, TO_L1>, &tile<T, 2, TO_L1>, &tile<T, 3, TO_L1>, &tile<T, 4, TO_L1>,
-                                            &tile<T, 5, TO_L1>, &tile<T, 6, TO_L1>, &tile<T, 7, TO_L1>, &tile<T, 8, TO_L1>};
+template <typename T, typename O, bool TO_L1>
+constexpr TileFn<T, O> kTiles[kRowTile + 1] = {
+    nullptr,                   &tile<T, O, 1, TO_L1>, &tile<T, O, 2, TO_L1>, &tile<T, O, 3, TO_L1>,
+    &tile<T, O, 4, TO_L1>,     &tile<T, O, 5, TO_L1>, &tile<T, O, 6, TO_L1>, &tile<T, O, 7, TO_L1>,
+    &tile<T, O, 8, TO_L1>};
 
 // How a product of M rows streams its panels: k per chunk (256 bfloat16, 128 float32, 64 at
-// decode sizes) and the tiles that prefetch the next chunk into L1 or L2.
-template <typename T>
+// decode sizes) and the tiles that prefetch the next chunk into L1 or L2 and write O.
+template <typename T, typename O = T>
 struct Streaming {
   int64_t chunk;
-  const TileFn<T>* tiles;
+  const TileFn<T, O>* tiles;
 
   explicit Streaming(int64_t M) {
     const bool decode = std::is_same_v<T, float> && M <= kDecodeRows;
     chunk = (decode ? kDecodeChunkBytes : kChunkBytes) / (kPanel * static_cast<int64_t>(sizeof(T)));
-    tiles = decode ? kTiles<T, true> : kTiles<T, false>;
+    tiles = decode ? kTiles<T, O, true> : kTiles<T, O, false>;
   }
 
   // The first chunk of a thread's run of panels (width r from w): nothing before it prefetched it.
@@ -328,7 +339,7 @@ struct Streaming {
   // `rows` rows of x (row stride K) times one panel (width r, weights w) over all of K, chunk by chunk;
   // the last chunk's tiles write out (row stride ldo, plus bias). `next`: the weights this thread
   // streams after this panel, whose first chunk the last chunk's tiles prefetch.
-  void panel(const T* x, int64_t rows, int64_t K, const T* w, int64_t r, const T* next, float* scratch, T* out,
+  void panel(const T* x, int64_t rows, int64_t K, const T* w, int64_t r, const T* next, float* scratch, O* out,
              int64_t ldo, const T* bias) const {
     const int64_t count = (rows + kRowTile - 1) / kRowTile;
     for (int64_t k0 = 0; k0 < K; k0 += chunk) {
@@ -345,10 +356,10 @@ struct Streaming {
   }
 };
 
-template <typename T>
-void run(const T* x, int64_t M, int64_t K, const T* packed, int64_t N, const T* bias, T* out) {
+template <typename T, typename O = T>
+void run(const T* x, int64_t M, int64_t K, const T* packed, int64_t N, const T* bias, O* out) {
   const int64_t panels = (N + kPanel - 1) / kPanel;
-  const Streaming<T> stream(M);
+  const Streaming<T, O> stream(M);
   at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
     std::vector<float> scratch(std::min(M, kRowBlock) * kPanel);
     stream.prefetch_first(packed + p0 * kPanel * K, std::min(kPanel, N - p0 * kPanel), K);
@@ -1026,11 +1037,13 @@ void run_fp8_amx(const c10::BFloat16* x, int64_t M, int64_t K, const uint8_t* pa
 
 #endif  // KVSERVE_FP8
 
-// x's rows as one contiguous [M, K] matrix, and an empty output of x's shape with N last, in x's dtype.
-std::pair<at::Tensor, at::Tensor> rows_and_output(const at::Tensor& x, int64_t K, int64_t N) {
+// x's rows as one contiguous [M, K] matrix, and an empty output of x's shape with N last, in `dtype`
+// (default: x's).
+std::pair<at::Tensor, at::Tensor> rows_and_output(const at::Tensor& x, int64_t K, int64_t N,
+                                                  c10::optional<at::ScalarType> dtype = c10::nullopt) {
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = N;
-  return {x.reshape({-1, K}).contiguous(), at::empty(shape, x.options())};
+  return {x.reshape({-1, K}).contiguous(), at::empty(shape, x.options().dtype(dtype.value_or(x.scalar_type())))};
 }
 
 at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale,
@@ -1068,11 +1081,15 @@ at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& packed, const at::T
   return out;
 }
 
-at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias) {
+void check_x(const at::Tensor& x, const at::Tensor& packed) {
   check_weight(packed);
+  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == packed.scalar_type() && x.size(-1) == packed.size(1),
+              "x must be a CPU tensor [..., ", packed.size(1), "] of the weight's dtype ", packed.scalar_type());
+}
+
+at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias) {
+  check_x(x, packed);
   const int64_t N = packed.size(0), K = packed.size(1);
-  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == packed.scalar_type() && x.size(-1) == K,
-              "x must be a CPU tensor [..., ", K, "] of the weight's dtype ", packed.scalar_type());
   TORCH_CHECK(!bias.has_value() || (bias->dim() == 1 && bias->size(0) == N && bias->scalar_type() == x.scalar_type() &&
                                     bias->is_contiguous()),
               "bias must be a contiguous [", N, "] tensor of x's dtype");
@@ -1108,6 +1125,24 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, const c1
   }
 #endif
   return out;
+}
+
+// linear(x, packed) widened to float32: the LM head's logits. Where bfloat16 runs on the AVX-512 panels
+// the tiles write the rounded sums as float32 themselves, sparing the logits a second pass (and whole
+// cache lines: a panel's 48 float32 are three); elsewhere the product, then the widening.
+at::Tensor logits(const at::Tensor& x, const at::Tensor& packed) {
+  check_x(x, packed);
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+  const int64_t N = packed.size(0), K = packed.size(1);
+  if (x.scalar_type() == at::kBFloat16 && !on_amx(at::kBFloat16, N, K)) {
+    const auto [rows, out] = rows_and_output(x, K, N, at::kFloat);
+    if (rows.size(0) > 0)
+      run<c10::BFloat16, float>(rows.data_ptr<c10::BFloat16>(), rows.size(0), K, packed.data_ptr<c10::BFloat16>(),
+                                N, nullptr, out.data_ptr<float>());
+    return out;
+  }
+#endif
+  return packed_linear(x, packed, c10::nullopt).to(at::kFloat);
 }
 
 template <typename T>
@@ -1161,6 +1196,7 @@ TORCH_LIBRARY(kvserve_cpu_linear, m) {
   m.def("pack(Tensor weight) -> Tensor");
   m.def("linear(Tensor x, Tensor packed, Tensor? bias) -> Tensor");
   m.def("gated_linear(Tensor x, Tensor gate, Tensor up) -> Tensor");
+  m.def("logits(Tensor x, Tensor packed) -> Tensor");
   m.def("isa() -> str", &isa);
   m.def("supports(ScalarType dtype) -> bool", &supports);
   m.def("amx() -> bool", &amx);
@@ -1174,6 +1210,7 @@ TORCH_LIBRARY_IMPL(kvserve_cpu_linear, CPU, m) {
   m.impl("pack", &pack);
   m.impl("linear", &packed_linear);
   m.impl("gated_linear", &gated_linear);
+  m.impl("logits", &logits);
   m.impl("pack_fp8", &pack_fp8);
   m.impl("fp8_linear", &fp8_linear);
 }
