@@ -36,6 +36,63 @@ inline void map2(float* dst, const float* a, const float* b, int64_t n, const Op
   }
 }
 
+// `count` (at most Vec::size()) values of T at p, widened to float32 (lanes past count: zero).
+template <typename T>
+inline Vec load_float(const T* p, int64_t count) {
+  if constexpr (std::is_same_v<T, float>) {
+    return Vec::loadu(p, count);
+  } else {
+    if constexpr (at::is_reduced_floating_point_v<T>) {
+      if (count == Vec::size()) {
+        Vec out;
+        at::vec::load_to_float<T>(p, out);
+        return out;
+      }
+    }
+    alignas(64) float wide[Vec::size()] = {};
+    at::vec::convert(p, wide, count);
+    return Vec::loadu(wide);
+  }
+}
+
+#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__)
+// One instruction where the CPU has it (at::vec rounds with integer arithmetic): the same bits for every
+// finite value.
+inline __m256i to_bf16(const Vec& v) { return (__m256i)_mm512_cvtneps_pbh(v); }
+#endif
+
+// v as T holds it: rounded to bfloat16 or float16 and widened back (float32 and float64 hold it exactly).
+template <typename T>
+inline Vec rounded(const Vec& v) {
+#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__)
+  if constexpr (std::is_same_v<T, c10::BFloat16>)
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(to_bf16(v)), 16));
+  else
+#endif
+  if constexpr (at::is_reduced_floating_point_v<T>)
+    return std::get<0>(at::vec::convert_to_float<T>(at::vec::convert_from_float<T>(v, v)));
+  else
+    return v;
+}
+
+// v's first `count` lanes stored at p in T (rounded to nearest even, as at::vec::convert rounds).
+template <typename T>
+inline void store_as(T* p, const Vec& v, int64_t count) {
+  if constexpr (std::is_same_v<T, float>) {
+    v.store(p, count);
+#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__)
+  } else if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    _mm256_mask_storeu_epi16(p, static_cast<__mmask16>((1u << count) - 1), to_bf16(v));
+#endif
+  } else if constexpr (at::is_reduced_floating_point_v<T>) {
+    at::vec::convert_from_float<T>(v, v).store(p, count);
+  } else {
+    alignas(64) float narrow[Vec::size()];
+    v.store(narrow);
+    at::vec::convert(narrow, p, count);
+  }
+}
+
 // Round float32 values through the storage dtype and back, as an unfused op's output would be.
 template <typename T>
 inline void round_through(float* values, T* scratch, int64_t n) {
