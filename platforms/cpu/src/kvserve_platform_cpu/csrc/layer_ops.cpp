@@ -167,11 +167,8 @@ at::Tensor silu_and_mul(const at::Tensor& gate, const at::Tensor& up) {
     const scalar_t* us = u.tensor.data_ptr<scalar_t>();
     scalar_t* dst = out.data_ptr<scalar_t>();
     at::parallel_for(0, g.rows, row_grain(n), [&](int64_t begin, int64_t end) {
-      std::vector<float> a(n), b(n);
-      std::vector<scalar_t> scratch(n);
       for (int64_t r = begin; r < end; ++r)
-        kvserve_vec::silu_and_mul_row(gs + r * g.stride, us + r * u.stride, n, dst + r * n, a.data(), b.data(),
-                                      scratch.data());
+        kvserve_vec::silu_and_mul_row(gs + r * g.stride, us + r * u.stride, n, dst + r * n);
     });
   });
   return out;

@@ -387,8 +387,7 @@ void run_gated(const T* x, int64_t M, int64_t K, const T* gate, const T* up, int
   at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
     const int64_t block = std::min(M, kRowBlock);
     std::vector<float> scratch(block * kPanel);
-    std::vector<T> halves(2 * block * kPanel), rounded(block * kPanel);
-    std::vector<float> a(block * kPanel), b(block * kPanel);
+    std::vector<T> halves(2 * block * kPanel);
     T* g = halves.data();
     T* u = g + block * kPanel;
     stream.prefetch_first(gate + p0 * kPanel * K, std::min(kPanel, N - p0 * kPanel), K);
@@ -400,14 +399,8 @@ void run_gated(const T* x, int64_t M, int64_t K, const T* gate, const T* up, int
         const T* uw = up + n0 * K;
         stream.panel(x + m0 * K, rows, K, gw, r, uw, scratch.data(), g, kPanel, nullptr);
         stream.panel(x + m0 * K, rows, K, uw, r, gw + r * K, scratch.data(), u, kPanel, nullptr);
-        if (r == kPanel) {  // the buffers' rows lie back to back: one elementwise pass, in place, then copied out
-          kvserve_vec::silu_and_mul_row(g, u, rows * kPanel, g, a.data(), b.data(), rounded.data());
-          for (int64_t i = 0; i < rows; ++i) std::memcpy(out + (m0 + i) * N + n0, g + i * kPanel, kPanel * sizeof(T));
-        } else {
-          for (int64_t i = 0; i < rows; ++i)
-            kvserve_vec::silu_and_mul_row(g + i * kPanel, u + i * kPanel, r, out + (m0 + i) * N + n0, a.data(),
-                                          b.data(), rounded.data());
-        }
+        for (int64_t i = 0; i < rows; ++i)
+          kvserve_vec::silu_and_mul_row(g + i * kPanel, u + i * kPanel, r, out + (m0 + i) * N + n0);
       }
     }
   });
@@ -1162,10 +1155,7 @@ void gated_rows(const at::Tensor& rows, const at::Tensor& gate, const at::Tensor
   const T* gs = gate_out.data_ptr<T>();
   const T* us = up_out.data_ptr<T>();
   at::parallel_for(0, M, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> a(N), b(N);
-    std::vector<T> rounded(N);
-    for (int64_t i = begin; i < end; ++i)
-      kvserve_vec::silu_and_mul_row(gs + i * N, us + i * N, N, dst + i * N, a.data(), b.data(), rounded.data());
+    for (int64_t i = begin; i < end; ++i) kvserve_vec::silu_and_mul_row(gs + i * N, us + i * N, N, dst + i * N);
   });
 }
 

@@ -17,24 +17,13 @@
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
 namespace kvserve_vec {
 
 using Vec = at::vec::Vectorized<float>;
-
-// dst[i] = op(a[i], b[i]) over n floats, full vectors then one partial vector (never scalar code:
-// the tail must round exactly as the body does).
-template <typename Op>
-inline void map2(float* dst, const float* a, const float* b, int64_t n, const Op& op) {
-  int64_t i = 0;
-  for (; i + Vec::size() <= n; i += Vec::size()) op(Vec::loadu(a + i), Vec::loadu(b + i)).store(dst + i);
-  if (i < n) {
-    const int64_t rest = n - i;
-    op(Vec::loadu(a + i, rest), Vec::loadu(b + i, rest)).store(dst + i, rest);
-  }
-}
 
 // `count` (at most Vec::size()) values of T at p, widened to float32 (lanes past count: zero).
 template <typename T>
@@ -93,27 +82,17 @@ inline void store_as(T* p, const Vec& v, int64_t count) {
   }
 }
 
-// Round float32 values through the storage dtype and back, as an unfused op's output would be.
+// out = silu(gate) * up over one row of n values in T (out may be gate): float32 math, silu as PyTorch's
+// kernel computes it (x / (1 + exp(-x)), Sleef's exp) and rounded to T before the multiply; one pass
+// over registers.
 template <typename T>
-inline void round_through(float* values, T* scratch, int64_t n) {
-  if constexpr (!std::is_same_v<T, float>) {
-    at::vec::convert(values, scratch, n);
-    at::vec::convert(scratch, values, n);
-  }
-}
-
-// out = silu(gate) * up over one row of n values in T: float32 math, silu as PyTorch's kernel computes
-// it (x / (1 + exp(-x)), Sleef's exp) and rounded to T before the multiply. a, b: n floats of scratch,
-// scratch: n of T.
-template <typename T>
-inline void silu_and_mul_row(const T* gate, const T* up, int64_t n, T* out, float* a, float* b, T* scratch) {
+inline void silu_and_mul_row(const T* gate, const T* up, int64_t n, T* out) {
   const Vec one(1.0f);
-  at::vec::convert(gate, a, n);
-  at::vec::convert(up, b, n);
-  map2(a, a, a, n, [&](Vec x, Vec) { return x / (one + x.neg().exp()); });
-  round_through(a, scratch, n);
-  map2(a, a, b, n, [](Vec s, Vec v) { return s * v; });
-  at::vec::convert(a, out, n);
+  for (int64_t i = 0; i < n; i += Vec::size()) {
+    const int64_t count = std::min<int64_t>(Vec::size(), n - i);
+    const Vec x = load_float(gate + i, count);
+    store_as(out + i, rounded<T>(x / (one + x.neg().exp())) * load_float(up + i, count), count);
+  }
 }
 
 }  // namespace kvserve_vec
