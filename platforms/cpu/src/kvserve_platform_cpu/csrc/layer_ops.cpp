@@ -2,8 +2,9 @@
 //
 // One pass per row instead of several ATen ops each: the rows of a decode step are small
 // ([32, 576] on SmolLM2), so dispatch, not arithmetic, dominates the unfused ops. Math is float32
-// in the order of kvserve.layers.TorchLayerOps (HF's); bfloat16/float16 are converted per row and
-// rounded wherever the unfused ops round. Vectorized through ATen's at::vec (its exp is the Sleef
+// in the order of kvserve.layers.TorchLayerOps (HF's); bfloat16/float16 are widened, and rounded
+// wherever the unfused ops round, a vector at a time in registers (vec_math.h), not a pass over the
+// row for each conversion. Vectorized through ATen's at::vec (its exp is the Sleef
 // routine PyTorch's own silu calls), so float32 results match the unfused ops up to the order
 // of the sum of squares.
 
@@ -182,23 +183,20 @@ void rotate(const at::Tensor& x, at::Tensor& out, const int64_t* positions, cons
   const T* src = x.data_ptr<T>();
   T* dst = out.data_ptr<T>();
   at::parallel_for(0, tokens * heads, row_grain(dim), [&](int64_t begin, int64_t end) {
-    std::vector<float> x1(half), x2(half), o(dim);
     for (int64_t row = begin; row < end; ++row) {
       const int64_t t = row / heads, h = row % heads;
       const int64_t p = positions[t];
       const T* v = src + t * token_stride + h * head_stride;
-      at::vec::convert(v, x1.data(), half);
-      at::vec::convert(v + half, x2.data(), half);
+      T* o = dst + row * dim;
       const float* c = cos + p * half;
       const float* s = sin + p * half;
-      for (int64_t i = 0; i < half; i += Vec::size()) {
+      for (int64_t i = 0; i < half; i += Vec::size()) {  // both halves widened and rounded in registers
         const int64_t k = std::min<int64_t>(Vec::size(), half - i);
-        const Vec a = Vec::loadu(x1.data() + i, k), b = Vec::loadu(x2.data() + i, k);
+        const Vec a = load_float(v + i, k), b = load_float(v + half + i, k);
         const Vec cv = Vec::loadu(c + i, k), sv = Vec::loadu(s + i, k);
-        (a * cv - b * sv).store(o.data() + i, k);
-        (b * cv + a * sv).store(o.data() + half + i, k);
+        store_as(o + i, a * cv - b * sv, k);
+        store_as(o + half + i, b * cv + a * sv, k);
       }
-      at::vec::convert(o.data(), dst + row * dim, dim);
     }
   });
 }
