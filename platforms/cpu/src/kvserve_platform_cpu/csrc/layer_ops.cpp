@@ -87,7 +87,7 @@ inline void norm_row(float* row, T* out, const float* gain, int64_t n, float eps
   }
   float sum = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, acc);
   if (i < n) values(i, n - i).store(row + i, n - i);
-  for (int64_t t = i; t < n; ++t) sum += row[t] * row[t];  // the tail after the vectors, as before
+  for (int64_t t = i; t < n; ++t) sum += row[t] * row[t];  // the tail added after the vectors' sum
   const Vec inv(1.0f / std::sqrt(sum / static_cast<float>(n) + eps));
   for (i = 0; i < n; i += Vec::size()) {
     const int64_t count = std::min<int64_t>(Vec::size(), n - i);

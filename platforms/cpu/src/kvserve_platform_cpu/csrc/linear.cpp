@@ -214,14 +214,8 @@ inline void store_out(float* o, __mmask16 m, __m512 v) { _mm512_mask_storeu_ps(o
 inline void store_out(c10::BFloat16* o, __mmask16 m, __m512 v) {
   _mm256_mask_storeu_epi16(o, m, (__m256i)_mm512_cvtneps_pbh(v));  // round to nearest even
 }
-// bfloat16 products' float32 logits: rounded to bfloat16 as the bfloat16 output would be, then widened.
-inline __m512 rounded_to_bf16(__m512 v) {
-  const __m256i bits = (__m256i)_mm512_cvtneps_pbh(v);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
-}
 #else
 inline void store_out(c10::BFloat16*, __mmask16, __m512) {}  // bfloat16 is refused by supports()
-inline __m512 rounded_to_bf16(__m512 v) { return v; }
 #endif
 
 template <bool TO_L1>
@@ -234,9 +228,9 @@ inline void prefetch_line(const char* line) {
 
 // One register tile: ROWS rows of x against one panel (width r) over k in [k0, k1). Accumulators
 // start at zero (first chunk) or from the scratch c, and go back to c, or, on the last chunk, to out
-// (+ bias) in O: T, or float32 holding T's rounded values (the LM head's logits). Every `every`-th k step, starting at `phase`, prefetches the weight lines `ahead`
-// bytes on (the next chunk), into L1 or L2 (TO_L1), so that the tiles of one chunk request the next
-// one between them.
+// (+ bias) in O: T, or float32 holding T's rounded values (the LM head's logits). Every `every`-th k
+// step, starting at `phase`, prefetches the weight lines `ahead` bytes on (the next chunk), into L1 or
+// L2 (TO_L1), so that the tiles of one chunk request the next one between them.
 // Every loop over rows or blocks is unrolled: an accumulator indexed at run time anywhere would keep
 // the whole array in memory.
 template <typename T, typename O, int ROWS, bool TO_L1>
@@ -301,7 +295,7 @@ void tile(const T* x, int64_t ldx, const T* w, int64_t r, int64_t k0, int64_t k1
     #pragma GCC unroll 8
     for (int i = 0; i < ROWS; ++i) {
       const __m512 sum = _mm512_add_ps(acc[i][b], add);
-      store_out(out + i * ldo + 16 * b, mask, kBf16 && std::is_same_v<O, float> ? rounded_to_bf16(sum) : sum);
+      store_out(out + i * ldo + 16 * b, mask, std::is_same_v<O, T> ? sum : __m512(kvserve_vec::rounded<T>(sum)));
     }
   }
 }
