@@ -115,16 +115,20 @@ class LoRADecodeRowsShareOneAdapter(CpuPlatform):
         return _DecodeRowsShareOneAdapter()
 
 
-class _GatedSwapsGateAndUp(LinearKernel):
-    """F.linear, and a gated call that takes the activation of up and multiplies it by gate."""
-
-    name = "swapped-gated"
+class _DenseLinear(LinearKernel):
+    """F.linear on an unchanged copy of the weight: the linear-kernel mutants' sound part."""
 
     def pack(self, weight: torch.Tensor) -> torch.Tensor:
         return weight.clone()
 
     def apply(self, x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return F.linear(x, packed, bias)
+
+
+class _GatedSwapsGateAndUp(_DenseLinear):
+    """F.linear, and a gated call that takes the activation of up and multiplies it by gate."""
+
+    name = "swapped-gated"
 
     def fuses_gated(self, activation: str, packed: torch.Tensor) -> bool:
         return activation == "silu"
@@ -142,16 +146,10 @@ class GatedProductSwapsGateAndUp(CpuPlatform):
         return _GatedSwapsGateAndUp()
 
 
-class _LogitsSkipTheRounding(LinearKernel):
+class _LogitsSkipTheRounding(_DenseLinear):
     """F.linear, and logits multiplied in float32 from the start: not the product in x's dtype, widened."""
 
     name = "unrounded-logits"
-
-    def pack(self, weight: torch.Tensor) -> torch.Tensor:
-        return weight.clone()
-
-    def apply(self, x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return F.linear(x, packed, bias)
 
     def apply_logits(self, x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
         return F.linear(x.float(), packed.float())
