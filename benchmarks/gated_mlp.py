@@ -16,23 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 
 import torch
 
+from harness.alternate import alternate
 from kvserve import LLM, SamplingParams
 from kvserve.layers import GatedMLP
-
-
-def alternate(variants: dict, rounds: int) -> dict[str, list[float]]:
-    """Seconds of each variant per round, the order flipping every round."""
-    times: dict[str, list[float]] = {name: [] for name in variants}
-    for r in range(rounds):
-        for name in list(variants)[:: 1 if r % 2 == 0 else -1]:
-            start = time.perf_counter()
-            variants[name]()
-            times[name].append(time.perf_counter() - start)
-    return times
 
 
 def report(label: str, times: dict[str, list[float]], show) -> None:

@@ -12,11 +12,13 @@ each method's median microseconds per call and their ratio.
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
-import time
 
 import torch
 
+from harness.alternate import alternate
+from harness.sampling_mix import machine_isa
 from kvserve_platform_cpu.platform import CpuPlatform
 
 
@@ -33,7 +35,8 @@ def main() -> None:
     kernel = CpuPlatform().linear_kernel()
     print(
         f"# LM head logits, {args.dtype}, hidden {args.hidden}, linear_kernel={kernel.name}, "
-        f"{torch.get_num_threads()} threads, {args.copies} weights in turn, {args.rounds} rounds, medians"
+        f"{torch.get_num_threads()} threads, {args.copies} weights in turn, {args.rounds} rounds, medians; "
+        f"{machine_isa()}"
     )
     print(f"{'vocab':>7} {'rows':>4} {'apply+float us':>15} {'apply_logits us':>16} {'ratio':>6}")
     gen = torch.Generator().manual_seed(0)
@@ -43,19 +46,16 @@ def main() -> None:
         ]
         for rows in args.rows:
             x = torch.randn(rows, args.hidden, generator=gen).to(dtype)
-            methods = {
-                "apply+float": lambda head, x=x: kernel.apply(x, head, None).float(),
-                "apply_logits": lambda head, x=x: kernel.apply_logits(x, head),
-            }
-            assert torch.equal(methods["apply+float"](heads[0]), methods["apply_logits"](heads[0]))
-            times: dict[str, list[float]] = {name: [] for name in methods}
-            for r in range(args.rounds):
-                for name in methods if r % 2 else reversed(methods):
-                    head = heads[r % len(heads)]
-                    start = time.perf_counter()
-                    methods[name](head)
-                    times[name].append(time.perf_counter() - start)
-            before, after = (statistics.median(times[name]) * 1e6 for name in methods)
+            assert torch.equal(kernel.apply(x, heads[0], None).float(), kernel.apply_logits(x, heads[0]))
+            # Each method takes the heads in turn (a cycle of its own), so both read each head from DRAM alike.
+            times = alternate(
+                {
+                    "apply+float": lambda x=x, turn=itertools.cycle(heads): kernel.apply(x, next(turn), None).float(),
+                    "apply_logits": lambda x=x, turn=itertools.cycle(heads): kernel.apply_logits(x, next(turn)),
+                },
+                args.rounds,
+            )
+            before, after = (statistics.median(seconds) * 1e6 for seconds in times.values())
             print(f"{vocab:>7} {rows:>4} {before:>15.1f} {after:>16.1f} {after / before:>5.3f}x")
 
 
