@@ -212,7 +212,7 @@ inline __m512 load_bias(const c10::BFloat16* b, __mmask16 m) {
 inline void store_out(float* o, __mmask16 m, __m512 v) { _mm512_mask_storeu_ps(o, m, v); }
 #if defined(__AVX512BF16__)
 inline void store_out(c10::BFloat16* o, __mmask16 m, __m512 v) {
-  _mm256_mask_storeu_epi16(o, m, (__m256i)_mm512_cvtneps_pbh(v));  // round to nearest even
+  _mm256_mask_storeu_epi16(o, m, kvserve_vec::to_bf16(v));
 }
 #else
 inline void store_out(c10::BFloat16*, __mmask16, __m512) {}  // bfloat16 is refused by supports()

@@ -44,10 +44,10 @@ inline Vec load_float(const T* p, int64_t count) {
   }
 }
 
-#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__)
-// One instruction where the CPU has it (at::vec rounds with integer arithmetic): the same bits for every
-// finite value.
-inline __m256i to_bf16(const Vec& v) { return (__m256i)_mm512_cvtneps_pbh(v); }
+#if defined(__AVX512BF16__)
+// 16 float32 rounded to bfloat16 (nearest even) in one instruction where the CPU has it (at::vec rounds
+// with integer arithmetic): the same bits for every finite value.
+inline __m256i to_bf16(__m512 v) { return (__m256i)_mm512_cvtneps_pbh(v); }
 #endif
 
 // v as T holds it: rounded to bfloat16 or float16 and widened back (float32 and float64 hold it exactly).
